@@ -1,0 +1,1 @@
+"""Inventory: models, loading and other host sources."""

@@ -1,0 +1,239 @@
+"""The launch plan: exactly what runs on each node, computed without any I/O.
+
+``build_plan(inventory, job)`` assigns node ranks, finds the master address on the
+data network, builds the torchrun argv and the environment (rules from
+:mod:`clusterrun.nccl`, then ``defaults.env``, the node's ``env``, then ``--env``;
+later wins, and each variable records where it came from). ``clusterrun plan`` and
+``clusterrun up --dry-run`` print this object; ``up`` executes the same object.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterrun.errors import PlanError
+from clusterrun.inventory.models import Inventory, Node, Transport
+from clusterrun.nccl import RuleContext, rule_env
+from clusterrun.network import DataNetwork, resolve_data_network
+
+#: Where a node keeps a run's files when the job does not say otherwise (relative to the ssh user's home).
+REMOTE_RUNS_DIR = "~/.clusterrun/runs"
+#: Environment variable that marks every process of a run (used to find and stop them).
+RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked to run. Paths are as the CLI resolved them (absolute for local use)."""
+
+    script: str
+    run_id: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+    nproc_per_node: int | None = None
+    master_port: int | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    local_runs_dir: str = "runs"
+    local_cwd: str = "."
+    max_restarts: int = 0
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str
+    source: str  # "rule:socket-ifname", "defaults.env", "nodes[1].env", "--env", "clusterrun"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str
+    host: str
+    transport: Transport
+    node_rank: int
+    nproc_per_node: int
+    rank_offset: int  # global rank of this node's local rank 0
+    gpus: tuple[int, ...]
+    python: str
+    argv: tuple[str, ...]
+    cwd: str
+    run_dir: str  # the node's own directory for this run (logs, copied code)
+    script: str  # the script path as the node sees it
+    env: tuple[EnvVar, ...]
+    data_nic: str | None
+    data_address: str
+
+    @property
+    def ranks(self) -> range:
+        return range(self.rank_offset, self.rank_offset + self.nproc_per_node)
+
+    def env_dict(self) -> dict[str, str]:
+        return {var.name: var.value for var in self.env}
+
+    def to_dict(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "host": self.host,
+            "transport": self.transport.value,
+            "node_rank": self.node_rank,
+            "nproc_per_node": self.nproc_per_node,
+            "ranks": [self.rank_offset, self.rank_offset + self.nproc_per_node - 1],
+            "gpus": list(self.gpus),
+            "master_addr": master_addr,
+            "master_port": master_port,
+            "data_nic": self.data_nic,
+            "data_address": self.data_address,
+            "python": self.python,
+            "argv": list(self.argv),
+            "cwd": self.cwd,
+            "run_dir": self.run_dir,
+            "script": self.script,
+            "env": self.env_dict(),
+            "env_sources": {var.name: var.source for var in self.env},
+        }
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    run_id: str
+    job: JobSpec
+    master_addr: str
+    master_port: int
+    data_network: str
+    nodes: tuple[NodePlan, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.nproc_per_node for n in self.nodes)
+
+    @property
+    def master(self) -> NodePlan:
+        return next(n for n in self.nodes if n.node_rank == 0)
+
+    def node(self, name: str) -> NodePlan:
+        return next(n for n in self.nodes if n.name == name)
+
+    def node_of_rank(self, rank: int) -> NodePlan:
+        return next(n for n in self.nodes if rank in n.ranks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "script": self.job.script,
+            "args": list(self.job.args),
+            "nnodes": self.nnodes,
+            "world_size": self.world_size,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "data_network": self.data_network,
+            "warnings": list(self.warnings),
+            "nodes": [n.to_dict(self.master_addr, self.master_port) for n in self.nodes],
+        }
+
+
+def _ordered(inv: Inventory) -> list[tuple[int, Node]]:
+    """(inventory index, node) in node_rank order: pinned ranks, else inventory order."""
+    indexed = list(enumerate(inv.nodes))
+    if all(n.node_rank is not None for _, n in indexed):
+        return sorted(indexed, key=lambda pair: pair[1].node_rank or 0)
+    return indexed
+
+
+def _nproc(inv: Inventory, node: Node, job: JobSpec) -> int:
+    nproc = job.nproc_per_node or node.nproc_per_node or inv.defaults.nproc_per_node
+    if nproc is None:
+        return len(node.gpus) or 1
+    if node.gpus and nproc > len(node.gpus):
+        raise PlanError(
+            f"{node.name}: {nproc} processes per node but only {len(node.gpus)} GPUs listed ({node.gpus}); "
+            "lower --nproc-per-node or list more GPUs"
+        )
+    return nproc
+
+
+def _paths(inv: Inventory, node: Node, job: JobSpec) -> tuple[str, str, str]:
+    """(run_dir, script, cwd) as the node sees them."""
+    workdir = inv.workdir_of(node)
+    if inv.transport_of(node) is Transport.local:
+        run_dir = posixpath.join(job.local_runs_dir, job.run_id, node.name, "node")
+        return run_dir, job.script, workdir or job.local_cwd
+    run_dir = posixpath.join(REMOTE_RUNS_DIR, job.run_id)
+    if inv.defaults.shared_fs or job.module:
+        script = job.script
+    else:
+        script = posixpath.join(run_dir, "code", posixpath.basename(job.script))
+    return run_dir, script, workdir or posixpath.join(run_dir, "code")
+
+
+def _env(inv: Inventory, index: int, node: Node, ctx: RuleContext, job: JobSpec) -> tuple[EnvVar, ...]:
+    merged: dict[str, EnvVar] = {}
+    for key, value, rule in rule_env(ctx):
+        merged[key] = EnvVar(key, value, f"rule:{rule}")
+    for key, value in inv.defaults.env.items():
+        merged[key] = EnvVar(key, value, "defaults.env")
+    for key, value in node.env.items():
+        merged[key] = EnvVar(key, value, f"nodes[{index}].env")
+    for key, value in job.env:
+        merged[key] = EnvVar(key, value, "--env")
+    merged[RUN_ID_VAR] = EnvVar(RUN_ID_VAR, job.run_id, "clusterrun")
+    return tuple(merged.values())
+
+
+def build_plan(inv: Inventory, job: JobSpec) -> LaunchPlan:
+    """Compute the launch plan. Pure. Raises :class:`PlanError` when the job does not fit the inventory."""
+    data: DataNetwork = resolve_data_network(inv)
+    ordered = _ordered(inv)
+    master_node = ordered[0][1]
+    master_addr = data.path_of(master_node.name).address
+    if len(ordered) > 1 and master_addr in {"localhost", "127.0.0.1", "::1"}:
+        raise PlanError(
+            f"{master_node.name}: the master address would be {master_addr}, which other nodes cannot reach; "
+            "give the node a routable host or list its data NIC address"
+        )
+    master_port = job.master_port or inv.network.master_port
+    warnings = list(data.warnings)
+    nodes: list[NodePlan] = []
+    offset = 0
+    for rank, (index, node) in enumerate(ordered):
+        nproc = _nproc(inv, node, job)
+        path = data.path_of(node.name)
+        ctx = RuleContext(node=node, data=path, nnodes=len(ordered))
+        run_dir, script, cwd = _paths(inv, node, job)
+        python = inv.python_of(node)
+        argv = (
+            python, "-m", "torch.distributed.run",
+            "--nnodes", str(len(ordered)),
+            "--node-rank", str(rank),
+            "--nproc-per-node", str(nproc),
+            "--master-addr", master_addr,
+            "--master-port", str(master_port),
+            "--max-restarts", str(job.max_restarts),
+            # Each rank's output goes to its own file on the node, so lines of different
+            # ranks never interleave and nothing is lost if the stream breaks.
+            "--redirects", "3",
+            "--log-dir", posixpath.join(run_dir, "torchrun"),
+            *(("-m",) if job.module else ()),
+            script,
+            *job.args,
+        )
+        nodes.append(NodePlan(
+            name=node.name, host=node.host, transport=inv.transport_of(node), node_rank=rank,
+            nproc_per_node=nproc, rank_offset=offset, gpus=tuple(node.gpus), python=python, argv=argv,
+            cwd=cwd, run_dir=run_dir, script=script, env=_env(inv, index, node, ctx, job),
+            data_nic=path.nic, data_address=path.address,
+        ))
+        offset += nproc
+    if len({n.nproc_per_node for n in nodes}) > 1:
+        counts = ", ".join(f"{n.name}={n.nproc_per_node}" for n in nodes)
+        warnings.append(f"nodes run different numbers of processes ({counts}); data-parallel jobs usually want equal")
+    return LaunchPlan(
+        run_id=job.run_id, job=job, master_addr=master_addr, master_port=master_port,
+        data_network=data.description, nodes=tuple(nodes), warnings=tuple(warnings),
+    )
