@@ -118,7 +118,7 @@ def _auto_subnet(inv: Inventory) -> ipaddress.IPv4Network | ipaddress.IPv6Networ
         rdma = all(n is not None and n.kind.is_rdma for n in nics)
         slowest = min((n.speed or 0) if n is not None else 0 for n in nics)
         # With equal speeds, prefer the network SSH does not use: a separate data network is the usual design.
-        not_mgmt = all(n is not None and n.address != node.host for n, node in zip(nics, inv.nodes))
+        not_mgmt = all(n is not None and n.address != node.host for n, node in zip(nics, inv.nodes, strict=False))
         return (int(rdma), slowest, int(not_mgmt), str(net))
 
     return max(shared, key=score)

@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from clusterrun.inventory.types import (
-    Cidr,
     EnvName,
     EnvValue,
     GpuIndex,

@@ -1,0 +1,193 @@
+"""Command-line host, GPU and environment lists: exact parses, and errors naming the flag and the item."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterrun.errors import UsageError
+from clusterrun.inventory.hostspec import (
+    MAX_GPU_INDEX,
+    HostSpec,
+    normalize_host,
+    parse_env_assignments,
+    parse_gpu_list,
+    parse_ips,
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        # fleetrun's documented form
+        ("192.168.0.16,192.168.0.17", [HostSpec("192.168.0.16"), HostSpec("192.168.0.17")]),
+        ("10.0.0.1", [HostSpec("10.0.0.1")]),
+        ("gpu-01,gpu-02.cluster.local", [HostSpec("gpu-01"), HostSpec("gpu-02.cluster.local")]),
+        ("10.0.0.1:2222,node2:22", [HostSpec("10.0.0.1", 2222), HostSpec("node2", 22)]),
+        ("[fe80::1]:2222", [HostSpec("fe80::1", 2222)]),
+        ("[fe80::1]", [HostSpec("fe80::1")]),
+        ("fe80::1", [HostSpec("fe80::1")]),
+        ("FE80:0:0::1", [HostSpec("fe80::1")]),  # IPv6 in canonical form
+        ("::1,[::1]:2200", [HostSpec("::1"), HostSpec("::1", 2200)]),
+        ("fe80::1:2222", [HostSpec("fe80::1:2222")]),  # bare IPv6 never carries a port
+        (" 10.0.0.1 ,  10.0.0.2:65535 ", [HostSpec("10.0.0.1"), HostSpec("10.0.0.2", 65535)]),
+        ("localhost:1", [HostSpec("localhost", 1)]),
+        ("1node", [HostSpec("1node")]),  # RFC 1123 lets labels start with a digit
+        ("a" * 63, [HostSpec("a" * 63)]),
+        # the same host on different ports is two nodes (containers behind port forwards)
+        ("10.0.0.1:2222,10.0.0.1:2223", [HostSpec("10.0.0.1", 2222), HostSpec("10.0.0.1", 2223)]),
+    ],
+)
+def test_parse_ips_accepts_hosts_ports_and_ipv6(value: str, expected: list[HostSpec]) -> None:
+    assert parse_ips(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "offending", "problem"),
+    [
+        ("", None, "no hosts given"),
+        ("  ", None, "no hosts given"),
+        ("10.0.0.1,,10.0.0.2", "item 2 of '10.0.0.1,,10.0.0.2'", "is empty"),
+        ("10.0.0.1,", "item 2 of '10.0.0.1,'", "is empty"),
+        ("10.0.0.1:0", "'10.0.0.1:0'", "port 0 is out of range"),
+        ("10.0.0.1:65536", "'10.0.0.1:65536'", "port 65536 is out of range"),
+        ("node:ssh", "'node:ssh'", "port 'ssh' is not a number"),
+        ("node:", "'node:'", "the port after ':' is empty"),
+        ("node:-1", "'node:-1'", "port '-1' is not a number"),
+        ("[fe80::1]:99999", "'[fe80::1]:99999'", "port 99999 is out of range"),
+        ("10.0.0.1,10.0.0.2,10.0.0.1", "'10.0.0.1'", "listed twice (items 1 and 3)"),
+        ("Node1,node1", "'node1'", "listed twice (items 1 and 2)"),
+        ("[::1]:22,[0::1]:22", "'[0::1]:22'", "listed twice"),
+        ("gpu_01", "--ips: 'gpu_01' is not a valid host name: '_' is not allowed", "(RFC 1123)"),
+        ("gpu_01:22", "--ips: 'gpu_01:22': 'gpu_01' is not a valid host name", "'_' is not allowed"),
+        ("-gpu", "'-gpu'", "may not start or end with '-'"),
+        ("gpu-", "'gpu-'", "not a valid host name"),
+        ("gpu..01", "'gpu..01'", "empty part between dots"),
+        ("gpu.", "'gpu.'", "empty part between dots"),
+        ("a" * 64, "a" * 64, "not a valid host name"),
+        (".".join(["a" * 63] * 4), "longer than 253 characters", "host name"),
+        ("user@gpu01", "'user@gpu01'", "'@' is not allowed"),
+        ("gpu 01,x", "'gpu 01'", "separate hosts with commas"),
+        ("gpü01", "'gpü01'", "not a valid host name"),
+        ("10.0.0.256", "'10.0.0.256'", "not a valid IPv4 address"),
+        ("10.0.0", "'10.0.0'", "not a valid IPv4 address"),
+        ("010.0.0.1", "'010.0.0.1'", "not a valid IPv4 address"),
+        ("fe80::zz", "'fe80::zz'", "not a valid IPv6 address; to give an IPv6 address a port"),
+        ("[10.0.0.1]:22", "'[10.0.0.1]:22'", "brackets are only for IPv6"),
+        ("[fe80::1", "'[fe80::1'", "is not a host"),
+        ("[fe80::1]2222", "'[fe80::1]2222'", "is not a host"),
+        ("10.0.0.1 10.0.0.2", "'10.0.0.1 10.0.0.2'", "separate hosts with commas"),
+        (":22", "':22'", "the host is empty"),
+    ],
+)
+def test_parse_ips_errors_name_the_flag_and_item(value: str, offending: str | None, problem: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_ips(value)
+    message = str(info.value)
+    assert message.startswith("--ips")
+    assert problem in message
+    if offending is not None:
+        assert offending in message
+
+
+def test_parse_ips_names_the_flag_it_was_given() -> None:
+    with pytest.raises(UsageError, match=r"^--hosts: 'bad_host'"):
+        parse_ips("bad_host", flag="--hosts")
+
+
+@pytest.mark.parametrize(("spec", "text"), [
+    (HostSpec("10.0.0.1"), "10.0.0.1"),
+    (HostSpec("10.0.0.1", 22), "10.0.0.1:22"),
+    (HostSpec("fe80::1", 2222), "[fe80::1]:2222"),
+    (HostSpec("fe80::1"), "[fe80::1]"),
+])
+def test_hostspec_prints_as_it_is_written_on_the_command_line(spec: HostSpec, text: str) -> None:
+    assert str(spec) == text
+    assert parse_ips(text) == [spec]
+
+
+def test_normalize_host_keeps_host_names_as_written() -> None:
+    assert normalize_host("GPU-01.Example.com") == "GPU-01.Example.com"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0,1,2,3", (0, 1, 2, 3)),
+        ("0-3", (0, 1, 2, 3)),
+        ("0-1,4-5", (0, 1, 4, 5)),
+        ("3,1", (3, 1)),
+        ("7", (7,)),
+        ("2-2", (2,)),
+        (" 0 , 2-3 ", (0, 2, 3)),
+        (f"{MAX_GPU_INDEX}", (MAX_GPU_INDEX,)),
+    ],
+)
+def test_parse_gpu_list(value: str, expected: tuple[int, ...]) -> None:
+    assert parse_gpu_list(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "offending", "problem"),
+    [
+        ("", None, "no GPUs given"),
+        ("0,,1", "'' in '0,,1'", "is empty"),
+        ("-1", "'-1'", "is negative"),
+        ("0,-2", "'-2'", "is negative"),
+        ("gpu0", "'gpu0'", "is not an index or a range"),
+        ("0-", "'0-'", "is not an index or a range"),
+        ("1.5", "'1.5'", "is not an index or a range"),
+        ("0 1", "'0 1'", "is not an index or a range"),
+        ("3-0", "'3-0'", "reversed range; write it as 0-3"),
+        ("0,1,1", "GPU 1", "given twice"),
+        ("0-3,2", "GPU 2", "given twice"),
+        (f"0-{MAX_GPU_INDEX + 1}", f"'0-{MAX_GPU_INDEX + 1}'", f"above {MAX_GPU_INDEX}"),
+    ],
+)
+def test_parse_gpu_list_errors_name_the_flag_and_item(value: str, offending: str | None, problem: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_gpu_list(value)
+    message = str(info.value)
+    assert message.startswith("--gpus: ")
+    assert problem in message
+    if offending is not None:
+        assert offending in message
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([], {}),
+        (["NCCL_DEBUG=INFO"], {"NCCL_DEBUG": "INFO"}),
+        (["A=1", "_B=2", "c3=x"], {"A": "1", "_B": "2", "c3": "x"}),
+        (["OPTS=--a=b --c=d"], {"OPTS": "--a=b --c=d"}),
+        (["EMPTY="], {"EMPTY": ""}),
+        (["SPACES= x "], {"SPACES": " x "}),
+    ],
+)
+def test_parse_env_assignments(values: list[str], expected: dict[str, str]) -> None:
+    assert parse_env_assignments(values) == expected
+
+
+@pytest.mark.parametrize(
+    ("item", "problem"),
+    [
+        ("NCCL_DEBUG", "expected NAME=VALUE"),
+        ("=INFO", "'' is not a valid variable name"),
+        ("1X=2", "'1X' is not a valid variable name"),
+        ("NCCL-DEBUG=INFO", "'NCCL-DEBUG' is not a valid variable name"),
+        ("A B=1", "'A B' is not a valid variable name"),
+        (" A=1", "' A' is not a valid variable name"),
+        ("A=x\0y", "NUL character"),
+    ],
+)
+def test_parse_env_assignments_errors_name_the_flag_and_item(item: str, problem: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_env_assignments(["OK=1", item])
+    message = str(info.value)
+    assert message.startswith(f"--env {item!r}: ")
+    assert problem in message
+
+
+def test_parse_env_assignments_rejects_a_variable_given_twice() -> None:
+    with pytest.raises(UsageError, match=r"^--env 'A=2': A is already set to '1'; give each variable once"):
+        parse_env_assignments(["A=1", "A=2"])
