@@ -163,7 +163,8 @@ def _paths(inv: Inventory, node: Node, job: JobSpec) -> tuple[str, str, str]:
     workdir = inv.workdir_of(node)
     if inv.transport_of(node) is Transport.local:
         run_dir = posixpath.join(job.local_runs_dir, job.run_id, node.name, "node")
-        return run_dir, job.script, workdir or job.local_cwd
+        script = job.script if job.module else posixpath.normpath(posixpath.join(job.local_cwd, job.script))
+        return run_dir, script, workdir or job.local_cwd
     run_dir = posixpath.join(REMOTE_RUNS_DIR, job.run_id)
     if inv.defaults.shared_fs or job.module:
         script = job.script

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import sys
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
@@ -121,7 +122,11 @@ class Defaults(_Model):
 
     ssh: SshSettings = SshSettings()
     transport: Transport = Transport.ssh
-    python: str = Field(default="python3", description="interpreter on the nodes; torchrun runs as `<python> -m torch.distributed.run`")
+    python: str | None = Field(
+        default=None,
+        description="interpreter on the nodes; torchrun runs as `<python> -m torch.distributed.run` "
+        "(default: python3 over ssh, clusterrun's own interpreter for local nodes)",
+    )
     workdir: str | None = Field(default=None, description="directory the job runs in on each node (default: the run directory)")
     shared_fs: bool = Field(default=False, description="true when workdir is on a filesystem every node shares (no copying)")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
@@ -226,7 +231,10 @@ class Inventory(_Model):
         return node.transport or self.defaults.transport
 
     def python_of(self, node: Node) -> str:
-        return node.python or self.defaults.python
+        if node.python or self.defaults.python:
+            return node.python or self.defaults.python or ""
+        # A local node runs where clusterrun runs: its interpreter has torch when `clusterrun[torch]` was installed.
+        return sys.executable if self.transport_of(node) is Transport.local else "python3"
 
     def workdir_of(self, node: Node) -> str | None:
         return node.workdir or self.defaults.workdir
@@ -328,3 +336,10 @@ def _network_problems(inv: Inventory) -> Iterator[tuple[Path, str]]:
                 f"node {node.name!r} has no NIC named {choice!r} (it has: {names}); NIC names often differ between "
                 "machines: set network.data to the subnet instead, e.g. 10.0.0.0/24",
             )
+
+
+def inventory_json_schema() -> dict[str, object]:
+    """The JSON Schema of the inventory file (what `clusterrun schema` prints)."""
+    schema = Inventory.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema

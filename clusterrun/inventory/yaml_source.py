@@ -182,7 +182,7 @@ def load_inventory(path: str | FsPath) -> Inventory:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InventoryError(f"{path}: no such inventory file; `clusterrun init --ips ...` writes one") from None
+        raise InventoryError(f"{path}: no such inventory file (the inventories/ folder of clusterrun has commented examples)") from None
     except IsADirectoryError:
         raise InventoryError(f"{path}: is a directory, expected an inventory YAML file") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -1,0 +1,1 @@
+"""The ``clusterrun`` command line. One module per command; heavy imports happen inside commands."""

@@ -1,0 +1,89 @@
+"""Entry point: a click group whose commands are imported only when used.
+
+``clusterrun --help`` must answer fast on a login node, so nothing here (or in
+the command modules' top level) imports pydantic, rich, paramiko or torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from clusterrun import __version__
+
+#: command name -> (module, attribute, one-line help shown by `clusterrun --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "up": ("clusterrun.cli.up_cmd", "up", "Start a training script on every node with torchrun and supervise it."),
+    "plan": ("clusterrun.cli.plan_cmd", "plan", "Show exactly what `up` would run on each node, without running it."),
+    "check": ("clusterrun.cli.check_cmd", "check", "Validate an inventory file and report every problem with its line."),
+    "schema": ("clusterrun.cli.schema_cmd", "schema", "Print the inventory's JSON Schema (for editor completion)."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module = importlib.import_module(entry[0])
+        return getattr(module, entry[1])
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # The short helps live in COMMANDS so that listing them imports nothing.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, entry[2]) for name, entry in COMMANDS.items()])
+
+
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="""\b
+Examples:
+  clusterrun up inventories/localhost.yaml examples/train_ddp.py
+  clusterrun plan cluster.yaml train.py --lr 0.1
+  clusterrun up cluster.yaml train.py --epochs 10
+  clusterrun check cluster.yaml
+
+Run `clusterrun COMMAND --help` for each command's options and examples.""",
+)
+@click.version_option(__version__, "-V", "--version", prog_name="clusterrun")
+def cli() -> None:
+    """Launch multi-node PyTorch training from one YAML inventory.
+
+    clusterrun derives master_addr, node_rank, nproc_per_node and the NCCL network
+    environment for every node, starts torchrun on all of them at once, streams
+    every rank's output, and stops everything when a rank fails or you press Ctrl-C.
+    """
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; clusterrun's own errors become a message on stderr and their exit code."""
+    from clusterrun.errors import ClusterrunError
+
+    try:
+        result = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
+    except ClusterrunError as exc:
+        click.echo(f"clusterrun: error: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("clusterrun: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except BrokenPipeError:
+        # `clusterrun plan ... | head`: the reader left; not an error worth a traceback.
+        sys.stderr.close()
+        return 141
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

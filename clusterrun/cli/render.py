@@ -1,0 +1,104 @@
+"""Human-readable views of a plan and of a run's outcome (rich tables)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, TextIO
+
+from clusterrun.transport.base import shell_command
+
+if TYPE_CHECKING:
+    from clusterrun.launch.outcome import RunOutcome
+    from clusterrun.plan import LaunchPlan
+    from clusterrun.runs import RunDir
+
+
+def plan_json(plan: LaunchPlan) -> str:
+    return json.dumps(plan.to_dict(), indent=2)
+
+
+def print_plan(plan: LaunchPlan, file: TextIO | None = None) -> None:
+    """One header, then a table per node: rank, GPUs, data NIC, the torchrun command, the environment."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file, highlight=False, soft_wrap=False)
+    console.print(
+        f"[bold]run {plan.run_id}[/]: {plan.nnodes} node(s), world size {plan.world_size}, "
+        f"master {plan.master_addr}:{plan.master_port} ({plan.master.name}), data network {plan.data_network}"
+    )
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    for node in plan.nodes:
+        table = Table(title=f"{node.name} ({node.host}, {node.transport.value})", title_justify="left",
+                      show_header=False, box=None, padding=(0, 1))
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
+        ranks = f"{node.ranks.start}..{node.ranks.stop - 1}" if node.nproc_per_node > 1 else str(node.ranks.start)
+        table.add_row("node_rank", f"{node.node_rank}   (global ranks {ranks})")
+        table.add_row("processes", f"{node.nproc_per_node}" + (f" on GPUs {list(node.gpus)}" if node.gpus else " (CPU)"))
+        table.add_row("data NIC", f"{node.data_nic or '?'} {node.data_address}")
+        table.add_row("cwd", node.cwd)
+        table.add_row("command", shell_command(node.argv))
+        env = Table(show_header=False, box=None, padding=(0, 1))
+        env.add_column(no_wrap=True)
+        env.add_column(overflow="fold", min_width=24)
+        env.add_column(style="dim", no_wrap=True)
+        for var in node.env:
+            env.add_row(var.name, var.value, var.source)
+        table.add_row("env", env)
+        console.print()
+        console.print(table)
+
+
+def _span(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
+
+
+def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = None, tail_lines: int = 20) -> None:
+    """The one-screen end of a run: per node and rank what happened, then the first failure and its log's tail."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from clusterrun.launch.outcome import RunState
+
+    console = Console(file=file, highlight=False, stderr=file is None)
+    duration = (outcome.ended - outcome.started) if outcome.ended else None
+    colour = {"succeeded": "green", "failed": "red", "interrupted": "yellow"}.get(outcome.state.value, "white")
+    console.print()
+    console.print(f"[bold {colour}]run {outcome.run_id} {outcome.state.value}[/] after {_span(duration)} "
+                  f"(exit code {outcome.exit_code})")
+    table = Table(box=None, padding=(0, 2), show_edge=False)
+    for column in ("node", "rank", "state", "exit", "time"):
+        table.add_column(column)
+    for node in outcome.nodes.values():
+        for rank in node.ranks.values():
+            how = rank.to_dict()["signal"] or ("" if rank.exit_code is None else str(rank.exit_code))
+            took = (rank.ended - rank.started) if rank.ended and rank.started else None
+            table.add_row(node.name, str(rank.rank), rank.state.value, how, _span(took))
+        explained = any(r.state.value in ("failed", "stopped") for r in node.ranks.values())
+        if node.reason and node.state.value != "succeeded" and not explained:
+            table.add_row(node.name, "-", node.state.value, "", escape(node.reason))
+    console.print(table)
+    failure = outcome.first_failure
+    if failure is not None and outcome.state is RunState.failed:
+        console.print(f"[bold red]first failure:[/] {escape(failure.describe())}")
+        if failure.rank is not None:
+            log = run_dir.rank_log(failure.node, failure.rank)
+            lines = run_dir.tail(failure.node, failure.rank, tail_lines)
+            if lines:
+                console.print(f"last {len(lines)} lines of {log}:")
+                for line in lines:
+                    console.print("  " + escape(line), soft_wrap=True)
+            else:
+                console.print(f"rank {failure.rank} wrote nothing ({log} is empty)")
+        else:
+            launcher = run_dir.path / failure.node / "launcher.log"
+            if launcher.exists():
+                console.print(f"see {launcher}")
+    for note in outcome.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+    console.print(f"logs and status: {run_dir.path}/")

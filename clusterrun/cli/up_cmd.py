@@ -1,0 +1,69 @@
+"""`clusterrun up`: run a script on every node under torchrun, supervised."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from clusterrun.cli.job_options import JOB_CONTEXT, job_options, with_job
+
+
+def _parse_ranks(value: str | None) -> set[int] | None:
+    if not value:
+        return None
+    from clusterrun.inventory.hostspec import parse_gpu_list
+
+    return set(parse_gpu_list(value, "--ranks"))
+
+
+@click.command(
+    context_settings=JOB_CONTEXT,
+    epilog="""\b
+Examples:
+  clusterrun up inventories/localhost.yaml examples/train_ddp.py
+  clusterrun up cluster.yaml train.py --epochs 10 --lr 0.1
+  clusterrun up cluster.yaml train.py --dry-run            # print the plan only
+  clusterrun up cluster.yaml train.py --ranks 0 -e NCCL_DEBUG=INFO
+  clusterrun up cluster.yaml -m mypkg.train --nproc-per-node 4
+
+Every rank's output is shown as [node:rank] and written to runs/<run-id>/<node>/rank<R>.log;
+runs/<run-id>/status.json has per-rank exit codes and timings. Exit code: 0 when every rank
+succeeds, the first failing rank's exit code otherwise, 125 when the job could not start,
+130 after Ctrl-C.""",
+)
+@job_options
+@click.option("--dry-run", is_flag=True, help="Print the plan (as `clusterrun plan` does) and run nothing.")
+@click.option("--ranks", metavar="LIST", help="Show only these global ranks' output, e.g. 0 or 0,8 (all are logged).")
+@click.option("-q", "--quiet", is_flag=True, help="Show no rank output, only clusterrun's messages and the summary.")
+@click.option("--grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
+              help="After a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.")
+@with_job
+def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool,
+       grace: float) -> int:
+    """Start SCRIPT with torchrun on every node of INVENTORY and supervise it to the end.
+
+    clusterrun computes each node's rank, the master address on the data network and the
+    NCCL/Gloo environment (see `clusterrun plan`), starts torchrun on all nodes at once,
+    streams every rank's output, and stops every node when a rank fails or on Ctrl-C
+    (Ctrl-C twice kills at once). ARGS after SCRIPT are passed to it unchanged.
+    """
+    from clusterrun.cli.render import plan_json, print_plan, print_summary
+
+    if dry_run:
+        click.echo(plan_json(plan)) if as_json else print_plan(plan)
+        return 0
+    from clusterrun.launch.console import Console
+    from clusterrun.launch.supervisor import SupervisorSettings
+    from clusterrun.launch.up import execute
+
+    for warning in plan.warnings:
+        click.echo(f"clusterrun: warning: {warning}", err=True)
+    console = Console(ranks=_parse_ranks(ranks), quiet=quiet)
+    outcome, run_dir = execute(inv, plan, runs_dir, console, SupervisorSettings(grace=grace))
+    if as_json:
+        import json
+
+        click.echo(json.dumps(outcome.to_dict(), indent=2))
+    print_summary(outcome, run_dir)
+    return outcome.exit_code

@@ -1,0 +1,1 @@
+"""Node health checks run by ``clusterrun doctor``."""

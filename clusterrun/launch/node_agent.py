@@ -1,0 +1,446 @@
+"""The small program clusterrun runs on each node (standard library only, Python >= 3.8).
+
+``python node_agent.py run SPEC`` starts the node's torchrun in its own session and
+then, until every process of it is gone:
+
+* tails every rank's log file (torchrun ``--redirects 3 --log-dir``) and writes each
+  complete line to stdout as one JSON event, so lines of different ranks never mix;
+* watches stdin: ``ping`` keeps it alive, ``term`` stops the job (SIGTERM, then SIGKILL
+  after the grace period), ``kill`` stops it at once; end of input (the ssh channel or
+  the orchestrator is gone) or no ``ping`` within the heartbeat timeout stops it too;
+* on exit, reports torchrun's exit code and each failed rank's code (from torchrun's
+  failure summary) as a final ``exit`` event and in ``exit.json`` in the run directory.
+
+It is a child subreaper, so workers that torchrun started in their sessions stay its
+descendants even if torchrun dies, and every process carries ``CLUSTERRUN_RUN_ID`` in
+its environment: ``python node_agent.py sweep RUN_ID`` finds and stops anything of a
+run that is left, and ``ps RUN_ID`` lists it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+READ_CHUNK = 1 << 16
+TAIL_INTERVAL = 0.02  # seconds between looks at the rank log files
+MAX_LINE = 1 << 20  # a "line" longer than this is emitted in pieces rather than held in memory
+
+_out_lock = threading.Lock()
+_out_broken = False
+
+
+def emit(event: dict) -> None:
+    """Write one event as one line with one write, so events never interleave."""
+    global _out_broken
+    if _out_broken:
+        return
+    data = (json.dumps(event, separators=(",", ":")) + "\n").encode()
+    with _out_lock:
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(1, view)
+                view = view[n:]
+        except OSError:
+            _out_broken = True  # the stream is gone; logs are still on disk
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _proc_ppids() -> dict:
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        # the command name may contain spaces and parentheses: split after the last ')'
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1:
+            out[int(name)] = int(fields[1])
+    return out
+
+
+def descendants(root: int) -> list:
+    ppids = _proc_ppids()
+    children: dict = {}
+    for pid, ppid in ppids.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def marked(run_id: str, exclude: set) -> list:
+    """Processes of our user whose environment carries this run's marker."""
+    needle = f"{RUN_ID_VAR}={run_id}".encode()
+    uid = os.getuid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in exclude:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+def _signal_all(pids: list, sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] != b"Z"  # a zombie is already dead
+
+
+def stop_processes(find, grace: float) -> list:
+    """SIGTERM what ``find()`` returns, SIGKILL what is left after ``grace`` seconds. Returns the pids signalled."""
+    pids = find()
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    left = pids
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        _reap()
+        left = [p for p in find() if _alive(p)]
+    if left:
+        _signal_all(left, signal.SIGKILL)
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and any(_alive(p) for p in left):
+            time.sleep(0.02)
+            _reap()
+    return sorted(set(pids) | set(left))
+
+
+def _reap() -> None:
+    """Collect exited children (we are a subreaper: orphans of the job become ours)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+# ---------------------------------------------------------------- log tailing
+
+
+class _RankFile:
+    def __init__(self, path: str, rank: int, local_rank: int, stream: str) -> None:
+        self.path, self.rank, self.local_rank, self.stream = path, rank, local_rank, stream
+        self.offset = 0
+        self.pending = b""
+        self.fh = None
+
+    def pump(self, final: bool = False) -> int:
+        if self.fh is None:
+            try:
+                self.fh = open(self.path, "rb")  # noqa: SIM115 - kept open while tailing
+            except OSError:
+                return 0
+        total = 0
+        while True:
+            chunk = self.fh.read(READ_CHUNK)
+            if not chunk:
+                break
+            total += len(chunk)
+            self.pending += chunk
+            *lines, self.pending = self.pending.split(b"\n")
+            for line in lines:
+                self._emit(line)
+            while len(self.pending) > MAX_LINE:
+                self._emit(self.pending[:MAX_LINE])
+                self.pending = self.pending[MAX_LINE:]
+        if final:
+            if self.pending:
+                self._emit(self.pending)
+                self.pending = b""
+            self.fh.close()
+        return total
+
+    def _emit(self, raw: bytes) -> None:
+        emit({"ev": "line", "rank": self.rank, "local_rank": self.local_rank, "stream": self.stream,
+              "text": raw.decode("utf-8", errors="replace").rstrip("\r")})
+
+
+class Tailer(threading.Thread):
+    """Follows ``<log_dir>/*/attempt_*/<local_rank>/{stdout,stderr}.log`` as torchrun creates them."""
+
+    _PATH = re.compile(r"attempt_(\d+)/(\d+)/(stdout|stderr)\.log$")
+
+    def __init__(self, log_dir: str, rank_offset: int) -> None:
+        super().__init__(daemon=True, name="tailer")
+        self.log_dir, self.rank_offset = log_dir, rank_offset
+        self.files: dict = {}
+        self.started_at: dict = {}
+        self.stop_event = threading.Event()
+        self.done = threading.Event()
+
+    def _discover(self) -> None:
+        if not os.path.isdir(self.log_dir):
+            return
+        for top, _dirs, names in os.walk(self.log_dir):
+            for name in names:
+                path = os.path.join(top, name)
+                if path in self.files:
+                    continue
+                m = self._PATH.search(path)
+                if not m:
+                    continue
+                local_rank = int(m.group(2))
+                rank = self.rank_offset + local_rank
+                self.files[path] = _RankFile(path, rank, local_rank, m.group(3))
+                self.started_at.setdefault(rank, time.time())
+
+    def run(self) -> None:
+        try:
+            while not self.stop_event.is_set():
+                self._discover()
+                moved = sum(f.pump() for f in list(self.files.values()))
+                if not moved:
+                    self.stop_event.wait(TAIL_INTERVAL)
+            self._discover()
+            for f in list(self.files.values()):
+                f.pump(final=True)
+        finally:
+            self.done.set()
+
+
+# ---------------------------------------------------------------- torchrun's summary
+
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
+_FAIL_FIELD = re.compile(r"^\s*(time|rank|exitcode)\s*:\s*(.*?)\s*$")
+
+
+def parse_failures(lines: list) -> dict:
+    """Global rank -> {"rc", "time"} from torchrun's ``ChildFailedError`` summary."""
+    out: dict = {}
+    current: dict = {}
+    in_root = False
+    for line in lines:
+        if "Root Cause" in line:
+            in_root = True  # torchrun lists the first observed failure under this heading
+        m = _FAIL_FIELD.match(line)
+        if not m:
+            continue
+        key, value = m.group(1), m.group(2)
+        if key == "time":
+            current = {"time": value}
+        elif key == "rank":
+            rm = re.match(r"(\d+)", value)
+            if rm:
+                current["rank"] = int(rm.group(1))
+        elif key == "exitcode" and "rank" in current:
+            em = re.match(r"(-?\d+)", value)
+            if em:
+                code = int(em.group(1))
+                sig = -code if code < 0 else None
+                out[current["rank"]] = {"rc": 128 + sig if sig else code, "signal": sig,
+                                        "time": current.get("time"), "root_cause": in_root}
+            current = {}
+    return out
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Agent:
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.run_id = spec["run_id"]
+        self.grace = float(spec.get("grace", 2.0))
+        self.heartbeat_timeout = float(spec.get("heartbeat_timeout", 0) or 0)
+        self.run_dir = os.path.expanduser(spec["run_dir"])
+        self.launcher_lines: list = []
+        self.stop_reason = None
+        self.stopping = threading.Event()
+        self.last_ping = time.monotonic()
+
+    def _argv(self) -> list:
+        # A leading '~/' means the node user's home, as a shell would expand it.
+        return [os.path.expanduser(a) if a.startswith("~/") else a for a in self.spec["argv"]]
+
+    def stop(self, reason: str, grace: float) -> None:
+        if self.stopping.is_set() and grace > 0:
+            return
+        self.stop_reason = self.stop_reason or reason
+        self.stopping.set()
+        me = os.getpid()
+        threading.Thread(target=stop_processes, args=(lambda: descendants(me), grace), daemon=True).start()
+
+    def _watch_stdin(self) -> None:
+        while True:
+            try:
+                line = sys.stdin.buffer.readline()
+            except (OSError, ValueError):
+                line = b""
+            if not line:
+                self.stop("the connection to clusterrun closed", self.grace)
+                return
+            cmd = line.strip().decode(errors="replace")
+            if cmd == "ping":
+                self.last_ping = time.monotonic()
+            elif cmd == "term":
+                self.stop("stopped by clusterrun", self.grace)
+            elif cmd == "kill":
+                self.stop("killed by clusterrun", 0.0)
+
+    def _watch_heartbeat(self) -> None:
+        while not self.stopping.wait(0.5):
+            silent = time.monotonic() - self.last_ping
+            if silent > self.heartbeat_timeout:
+                self.stop(f"no word from clusterrun for {silent:.0f}s (watchdog)", self.grace)
+                return
+
+    def _read_launcher(self, pipe) -> None:
+        for raw in iter(pipe.readline, b""):
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            self.launcher_lines.append(text)
+            del self.launcher_lines[:-400]  # keep the tail: the failure summary is at the end
+            emit({"ev": "launcher", "text": text})
+            m = _WORKER_FAILED.search(text)
+            if m:
+                # torchrun saw a worker fail; say so now, before it finishes stopping the others.
+                local_rank = int(m.group(2))
+                code = int(m.group(1))
+                emit({"ev": "rank_failed", "local_rank": local_rank, "time": time.time(),
+                      "rank": int(self.spec.get("rank_offset", 0)) + local_rank,
+                      "rc": 128 - code if code < 0 else code, "signal": -code if code < 0 else None})
+        pipe.close()
+
+    def run(self) -> int:
+        os.makedirs(self.run_dir, exist_ok=True)
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        env = dict(os.environ)
+        env.update(self.spec.get("env", {}))
+        env[RUN_ID_VAR] = self.run_id
+        cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
+        argv = self._argv()
+        log_dir = os.path.join(self.run_dir, "torchrun")
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                # torchrun gets SIGTERM if this agent dies, and then stops its workers.
+                preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGTERM),
+            )
+        except OSError as exc:
+            emit({"ev": "error", "text": f"cannot start {argv[0]}: {exc.strerror or exc}", "time": time.time()})
+            return self._finish(127, None, {}, reason=f"could not start: {exc}")
+        emit({"ev": "started", "pid": proc.pid, "time": time.time()})
+        reader = threading.Thread(target=self._read_launcher, args=(proc.stdout,), daemon=True)
+        reader.start()
+        tailer = Tailer(log_dir, int(self.spec.get("rank_offset", 0)))
+        tailer.start()
+        threading.Thread(target=self._watch_stdin, daemon=True).start()
+        if self.heartbeat_timeout > 0:
+            threading.Thread(target=self._watch_heartbeat, daemon=True).start()
+        status = self._wait_for(proc.pid)
+        proc.returncode = status  # reaped here, not by Popen
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            rc, signum = 128 + sig, sig
+        else:
+            rc, signum = os.WEXITSTATUS(status), None
+        # Whatever torchrun left behind (it died, or a worker escaped) goes now.
+        me = os.getpid()
+        stop_processes(lambda: descendants(me), self.grace)
+        stop_processes(lambda: marked(self.run_id, {me}), 0.5)
+        reader.join(timeout=2.0)
+        tailer.stop_event.set()
+        tailer.done.wait(timeout=5.0)
+        ranks = parse_failures(self.launcher_lines)
+        for rank, started in tailer.started_at.items():
+            ranks.setdefault(rank, {"rc": 0 if rc == 0 else None, "signal": None, "time": None})
+            ranks[rank]["started"] = started
+        return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished")
+
+    def _wait_for(self, pid: int) -> int:
+        while True:
+            try:
+                got, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                return 0
+            except InterruptedError:
+                continue
+            if got == pid:
+                return status
+
+    def _finish(self, rc: int, signum, ranks: dict, reason: str) -> int:
+        result = {"ev": "exit", "rc": rc, "signal": signum, "ranks": {str(k): v for k, v in ranks.items()},
+                  "reason": reason, "time": time.time()}
+        try:
+            with open(os.path.join(self.run_dir, "exit.json"), "w") as f:
+                json.dump(result, f)
+        except OSError:
+            pass
+        emit(result)
+        return 0
+
+
+def main(argv: list) -> int:
+    if len(argv) >= 2 and argv[0] == "run":
+        spec = json.loads(base64.b64decode(argv[1]).decode())
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # only clusterrun's 'term'/'kill' stop the job
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a broken stream must not kill the agent
+        return Agent(spec).run()
+    if len(argv) >= 2 and argv[0] in ("sweep", "ps"):
+        me = os.getpid()
+        exclude = {me, os.getppid()}
+        if argv[0] == "ps":
+            print(json.dumps({"pids": marked(argv[1], exclude)}))
+            return 0
+        grace = float(argv[2]) if len(argv) > 2 else 2.0
+        print(json.dumps({"pids": stop_processes(lambda: marked(argv[1], exclude), grace)}))
+        return 0
+    sys.stderr.write("usage: node_agent.py run SPEC_B64 | sweep RUN_ID [GRACE] | ps RUN_ID\n")
+    return 2
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    # Daemon threads may still block on stdin; skip interpreter finalisation, which would wait on them.
+    os._exit(code)

@@ -1,0 +1,123 @@
+"""What happened to a run: per rank, per node, and the first failure."""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterrun.errors import EXIT_INTERRUPTED
+
+
+class RankState(str, enum.Enum):
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    stopped = "stopped"  # ended because clusterrun or torchrun stopped it after another failure
+    unknown = "unknown"  # the node's stream broke before it reported
+
+
+class RunState(str, enum.Enum):
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    interrupted = "interrupted"
+
+
+def signal_name(signum: int | None) -> str | None:
+    if not signum:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    local_rank: int
+    state: RankState = RankState.running
+    exit_code: int | None = None
+    signal: int | None = None
+    started: float | None = None
+    ended: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "local_rank": self.local_rank, "state": self.state.value,
+                "exit_code": self.exit_code, "signal": signal_name(self.signal),
+                "started": self.started, "ended": self.ended}
+
+
+@dataclass
+class NodeOutcome:
+    name: str
+    ranks: dict[int, RankOutcome]
+    state: RankState = RankState.running
+    exit_code: int | None = None
+    reason: str | None = None
+    started: float | None = None
+    ended: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state.value, "exit_code": self.exit_code, "reason": self.reason,
+                "started": self.started, "ended": self.ended,
+                "ranks": {str(r): o.to_dict() for r, o in sorted(self.ranks.items())}}
+
+
+@dataclass(frozen=True)
+class Failure:
+    node: str
+    rank: int | None  # None when the node failed as a whole (lost connection, launcher error)
+    exit_code: int
+    signal: int | None
+    detail: str
+
+    def describe(self) -> str:
+        who = f"{self.node} rank {self.rank}" if self.rank is not None else self.node
+        how = f"killed by {signal_name(self.signal)}" if self.signal else f"exit code {self.exit_code}"
+        return f"{who}: {how}{f' ({self.detail})' if self.detail else ''}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "rank": self.rank, "exit_code": self.exit_code,
+                "signal": signal_name(self.signal), "detail": self.detail}
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    nodes: dict[str, NodeOutcome]
+    started: float
+    ended: float | None = None
+    first_failure: Failure | None = None
+    interrupted_by: int | None = None  # the signal that made the user stop the run
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def state(self) -> RunState:
+        if self.ended is None:
+            return RunState.running
+        if self.interrupted_by is not None and self.first_failure is None:
+            return RunState.interrupted
+        if self.first_failure is not None:
+            return RunState.failed
+        return RunState.succeeded
+
+    @property
+    def exit_code(self) -> int:
+        """0 on success, the first failing rank's code, or 128+signal when interrupted."""
+        if self.first_failure is not None:
+            return self.first_failure.exit_code or 1
+        if self.interrupted_by is not None:
+            return 128 + self.interrupted_by if self.interrupted_by else EXIT_INTERRUPTED
+        return 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "state": self.state.value, "exit_code": self.exit_code,
+                "started": self.started, "ended": self.ended,
+                "duration": (self.ended - self.started) if self.ended else None,
+                "interrupted_by": signal_name(self.interrupted_by),
+                "first_failure": self.first_failure.to_dict() if self.first_failure else None,
+                "notes": self.notes,
+                "nodes": {name: n.to_dict() for name, n in self.nodes.items()}}

@@ -1,0 +1,284 @@
+"""Run a launch plan on its nodes and supervise it to the end.
+
+One node agent per node (see :mod:`clusterrun.launch.node_agent`) is started in
+parallel; a reader thread per node turns the agent's JSON events into a bounded
+queue; the calling thread alone writes logs and the terminal, so lines are never
+split or mixed. The first failure (a rank exits non-zero, a node's connection
+drops) stops every other node: ``term`` to each agent, which sends SIGTERM to its
+processes and SIGKILL after the grace period. Ctrl-C or SIGTERM does the same; a
+second Ctrl-C sends ``kill``. Heartbeats tell each agent we are still here; an agent
+that stops hearing them (or whose connection closes) stops its node by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import IO, Any
+
+from clusterrun.errors import ClusterrunError, StartError
+from clusterrun.launch.agent_cmd import agent_spec, run_argv
+from clusterrun.launch.console import Console
+from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
+from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.runs import RunDir
+from clusterrun.transport.base import Stream, Transport
+
+log = logging.getLogger(__name__)
+
+_EOF = object()
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    grace: float = 2.0  # seconds between SIGTERM and SIGKILL on each node
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 15.0  # an agent that hears nothing for this long stops its node
+    stop_timeout: float = 10.0  # after asking nodes to stop, how long to wait before giving up on them
+    start_timeout: float = 60.0  # for starting the agent on every node
+    queue_size: int = 10_000  # events in flight; readers block beyond this (bounded memory)
+
+
+class Supervisor:
+    def __init__(self, plan: LaunchPlan, transports: Mapping[str, Transport], run_dir: RunDir,
+                 console: Console, settings: SupervisorSettings | None = None,
+                 inline_agent: Callable[[NodePlan], bool] | None = None) -> None:
+        self.plan = plan
+        self.transports = transports
+        self.run_dir = run_dir
+        self.console = console
+        self.settings = settings or SupervisorSettings()
+        self._inline = inline_agent or (lambda node: node.transport.value == "ssh")
+        self._events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.settings.queue_size)
+        self._streams: dict[str, Stream] = {}
+        self._ended: set[str] = set()
+        self._logs: dict[tuple[str, int], IO[str]] = {}
+        self._stop_sent_at: float | None = None
+        self._kill_sent = False
+        self._signals: list[int] = []
+        self.outcome = RunOutcome(
+            run_id=plan.run_id, started=time.time(),
+            nodes={n.name: NodeOutcome(n.name, {r: RankOutcome(r, r - n.rank_offset) for r in n.ranks})
+                   for n in plan.nodes},
+        )
+
+    # ------------------------------------------------------------ start
+
+    def _start_one(self, node: NodePlan) -> Stream:
+        spec = agent_spec(node, self.plan.run_id, grace=self.settings.grace,
+                          heartbeat_timeout=self.settings.heartbeat_timeout)
+        return self.transports[node.name].start(run_argv(node, spec, inline=self._inline(node)))
+
+    def _start_all(self) -> None:
+        problems: dict[str, str] = {}
+        with ThreadPoolExecutor(max_workers=min(64, len(self.plan.nodes)), thread_name_prefix="start") as pool:
+            futures = {node.name: pool.submit(self._start_one, node) for node in self.plan.nodes}
+            for name, future in futures.items():
+                try:
+                    self._streams[name] = future.result(timeout=self.settings.start_timeout)
+                except ClusterrunError as exc:
+                    problems[name] = getattr(exc, "reason", str(exc))
+                except TimeoutError:
+                    problems[name] = f"the node agent did not start within {self.settings.start_timeout:g}s"
+        if problems:
+            for stream in self._streams.values():
+                stream.abort()
+            raise StartError(problems)
+        now = time.time()
+        for node in self.outcome.nodes.values():
+            node.started = now
+
+    def _pump(self, name: str, stream: Stream) -> None:
+        try:
+            for line in stream.lines():
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    event = {"ev": "launcher", "text": line}
+                self._events.put((name, event))
+        except Exception as exc:
+            self._events.put((name, {"ev": "stream_error", "text": str(exc)}))
+        finally:
+            self._events.put((name, _EOF))
+
+    # ------------------------------------------------------------ events
+
+    def _log(self, node: str, rank: int) -> IO[str]:
+        fh = self._logs.get((node, rank))
+        if fh is None:
+            fh = self._logs[(node, rank)] = self.run_dir.open_rank_log(node, rank)
+        return fh
+
+    def _handle(self, name: str, event: Any) -> None:
+        node = self.outcome.nodes[name]
+        if event is _EOF:
+            self._ended.add(name)
+            if node.ended is None:
+                node.ended = time.time()
+                tail = self._streams[name].stderr_text().strip().splitlines()[-3:]
+                node.reason = "connection lost before the node reported" + (f": {' | '.join(tail)}" if tail else "")
+                node.state = RankState.unknown
+                for rank in node.ranks.values():
+                    if rank.state is RankState.running:
+                        rank.state = RankState.unknown
+                self._fail(Failure(name, None, 1, None, node.reason))
+            return
+        kind = event.get("ev")
+        if kind == "line":
+            rank = int(event["rank"])
+            text = event.get("text", "")
+            self._log(name, rank).write(text + "\n")
+            self.console.rank_line(name, rank, text)
+        elif kind in ("launcher", "error", "stream_error"):
+            text = event.get("text", "")
+            with open(self.run_dir.launcher_log(name), "a", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+            # Once stopping, torchrun's own report (a ChildFailedError traceback) only repeats what the
+            # summary says; it stays in launcher.log.
+            if self._stop_sent_at is None or kind == "error":
+                self.console.node_line(name, text)
+            if kind == "error":
+                node.reason = text
+        elif kind == "rank_failed":
+            rank = node.ranks.get(int(event["rank"]))
+            if rank is not None:
+                rank.state, rank.exit_code, rank.signal = RankState.failed, event.get("rc"), event.get("signal")
+                rank.ended = event.get("time")
+                self._fail(Failure(name, rank.rank, rank.exit_code or 1, rank.signal, "exited while others ran"))
+        elif kind == "exit":
+            self._node_exit(node, event)
+
+    def _node_exit(self, node: NodeOutcome, event: dict[str, Any]) -> None:
+        node.ended = event.get("time") or time.time()
+        node.exit_code = event.get("rc")
+        node.reason = node.reason or event.get("reason")
+        stopping = self._stop_sent_at is not None
+        reported = {int(k): v for k, v in (event.get("ranks") or {}).items()}
+        for rank in node.ranks.values():
+            info = reported.get(rank.rank, {})
+            rank.started = info.get("started") or rank.started
+            rank.ended = rank.ended or node.ended
+            if rank.state is RankState.failed:
+                continue
+            code = info.get("rc")
+            if code == 0 or (code is None and node.exit_code == 0):
+                rank.state, rank.exit_code = RankState.succeeded, 0
+            elif code is not None and not stopping:
+                rank.state, rank.exit_code, rank.signal = RankState.failed, code, info.get("signal")
+            else:
+                rank.state, rank.exit_code, rank.signal = RankState.stopped, code, info.get("signal")
+        failed = [r for r in node.ranks.values() if r.state is RankState.failed]
+        if failed:
+            node.state = RankState.failed
+            root = next((r for r in failed if reported.get(r.rank, {}).get("root_cause")), failed[0])
+            self._fail(Failure(node.name, root.rank, root.exit_code or 1, root.signal, ""))
+        elif node.exit_code == 0:
+            node.state = RankState.succeeded
+        elif stopping:
+            node.state = RankState.stopped
+        else:
+            node.state = RankState.failed
+            self._fail(Failure(node.name, None, node.exit_code or 1, None, node.reason or "torchrun failed"))
+
+    def _fail(self, failure: Failure) -> None:
+        if self._stop_sent_at is None and self.outcome.first_failure is None:
+            self.outcome.first_failure = failure
+            self.console.info(f"{failure.describe()}; stopping all nodes")
+        self._stop("term")
+
+    def _stop(self, how: str) -> None:
+        if how == "term" and self._stop_sent_at is not None:
+            return
+        if how == "kill":
+            if self._kill_sent:
+                return
+            self._kill_sent = True
+        self._stop_sent_at = self._stop_sent_at or time.monotonic()
+        for name, stream in self._streams.items():
+            if name not in self._ended:
+                stream.send(f"{how}\n")
+
+    # ------------------------------------------------------------ signals
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signum)  # handled by the loop; nothing here may block
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def _handle_signals(self) -> None:
+        while self._signals:
+            signum = self._signals.pop(0)
+            if self.outcome.interrupted_by is None:
+                self.outcome.interrupted_by = signum
+                self.console.info(f"{signal.Signals(signum).name}: stopping all nodes (again to kill at once)")
+                self._stop("term")
+            else:
+                self.console.info("killing all nodes now")
+                self._stop("kill")
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> RunOutcome:
+        """Start, supervise, stop. Returns the outcome; raises StartError when nothing could be started."""
+        previous = self._install_signals()
+        readers: list[threading.Thread] = []
+        try:
+            self._start_all()
+            for name, stream in self._streams.items():
+                t = threading.Thread(target=self._pump, args=(name, stream), daemon=True, name=f"read-{name}")
+                t.start()
+                readers.append(t)
+            self._loop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for stream in self._streams.values():
+                stream.abort()
+            for t in readers:
+                t.join(timeout=2.0)
+            for fh in self._logs.values():
+                fh.close()
+            self.outcome.ended = self.outcome.ended or time.time()
+        return self.outcome
+
+    def _loop(self) -> None:
+        next_beat = time.monotonic() + self.settings.heartbeat_interval
+        while len(self._ended) < len(self._streams):
+            try:
+                name, event = self._events.get(timeout=0.1)
+                self._handle(name, event)
+            except queue.Empty:
+                pass
+            self._handle_signals()
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + self.settings.heartbeat_interval
+                for name, stream in self._streams.items():
+                    if name not in self._ended:
+                        stream.send("ping\n")
+            if self._stop_sent_at is not None and now - self._stop_sent_at > self.settings.stop_timeout:
+                self._give_up()
+                return
+        self.outcome.ended = time.time()
+
+    def _give_up(self) -> None:
+        """Nodes that did not finish stopping in time: drop their streams (their agents then stop by themselves)."""
+        for name, stream in self._streams.items():
+            if name in self._ended:
+                continue
+            stream.abort()
+            node = self.outcome.nodes[name]
+            node.state = RankState.unknown
+            node.reason = f"did not confirm it stopped within {self.settings.stop_timeout:g}s"
+            self.outcome.notes.append(f"{name}: {node.reason}; check with `clusterrun status {self.plan.run_id}`")
+        self.outcome.ended = time.time()

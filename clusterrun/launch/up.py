@@ -1,0 +1,42 @@
+"""Execute a launch plan: run directory, transports, the supervisor, the status file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from clusterrun.errors import StartError
+from clusterrun.inventory.models import Inventory
+from clusterrun.launch.console import Console
+from clusterrun.launch.outcome import RunOutcome
+from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
+from clusterrun.launch.transports import open_transports
+from clusterrun.plan import LaunchPlan
+from clusterrun.runs import RunDir
+
+
+def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
+            settings: SupervisorSettings | None = None) -> tuple[RunOutcome, RunDir]:
+    """Run ``plan`` to its end. Returns the outcome and the run directory.
+
+    Raises :class:`StartError` when a node could not be started (then nothing runs anywhere).
+    ``status.json`` always ends up describing what happened, written atomically.
+    """
+    run_dir = RunDir.create(runs_dir, plan.run_id)
+    run_dir.write_json("plan.json", plan.to_dict())
+    run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "starting", "started": time.time()})
+    transports = open_transports(inv, plan)
+    try:
+        supervisor = Supervisor(plan, transports, run_dir, console, settings)
+        console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), logs in {run_dir.path}/")
+        try:
+            outcome = supervisor.run()
+        except StartError as exc:
+            run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "not-started",
+                                               "problems": exc.problems, "ended": time.time()})
+            raise
+        run_dir.write_json("status.json", outcome.to_dict())
+        return outcome, run_dir
+    finally:
+        for transport in transports.values():
+            transport.close()

@@ -1,0 +1,77 @@
+"""Run directories on the orchestrator: ``runs/<run-id>/``.
+
+Layout::
+
+    runs/<run-id>/plan.json            the launch plan, exactly as executed
+    runs/<run-id>/status.json          state, per node and per rank: exit code or signal, start and end
+    runs/<run-id>/<node>/rank<R>.log   every line of global rank R (stdout and stderr, in arrival order)
+    runs/<run-id>/<node>/launcher.log  torchrun's own messages on that node
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+DEFAULT_RUNS_DIR = "runs"
+
+
+def new_run_id(now: float | None = None) -> str:
+    """Sortable and unique: ``20261123-101500-a1b2``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    # Write beside, then rename: a reader (or a crash) never sees half a file.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    @classmethod
+    def create(cls, base: str | Path, run_id: str) -> RunDir:
+        path = Path(base) / run_id
+        path.mkdir(parents=True, exist_ok=False)
+        return cls(path)
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    def node_dir(self, node: str) -> Path:
+        d = self.path / node
+        d.mkdir(exist_ok=True)
+        return d
+
+    def rank_log(self, node: str, rank: int) -> Path:
+        return self.path / node / f"rank{rank}.log"
+
+    def open_rank_log(self, node: str, rank: int) -> IO[str]:
+        self.node_dir(node)
+        return open(self.rank_log(node, rank), "a", encoding="utf-8", buffering=1)
+
+    def launcher_log(self, node: str) -> Path:
+        return self.node_dir(node) / "launcher.log"
+
+    def write_json(self, name: str, data: dict[str, Any]) -> None:
+        _atomic_write(self.path / name, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+    def read_json(self, name: str) -> dict[str, Any]:
+        return json.loads((self.path / name).read_text(encoding="utf-8"))
+
+    def tail(self, node: str, rank: int, lines: int = 20) -> list[str]:
+        try:
+            text = self.rank_log(node, rank).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        return text.splitlines()[-lines:]
