@@ -12,8 +12,9 @@ import click
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Everything after SCRIPT goes to the script, even when it looks like one of our options.
-JOB_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
+#: clusterrun's own options may come before or after SCRIPT; every other argument goes to the script in
+#: order, and everything after ``--`` goes to it verbatim (for a script option that clashes with ours).
+JOB_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": True,
                "help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 

@@ -24,7 +24,7 @@ def plan(inv: Any, plan: Any, runs_dir: Any, as_json: bool) -> int:
     """Show what `up` would run on each node: node_rank, master address, the torchrun command and the environment.
 
     INVENTORY is the cluster's YAML file; SCRIPT and its ARGS are what torchrun runs on
-    every node. Nothing is started and no node is contacted. `up` executes this same plan.
+    every node (after `--`, verbatim). Nothing is started and no node is contacted. `up` executes this same plan.
     """
     from clusterrun.cli.render import plan_json, print_plan
 

@@ -46,7 +46,8 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     clusterrun computes each node's rank, the master address on the data network and the
     NCCL/Gloo environment (see `clusterrun plan`), starts torchrun on all nodes at once,
     streams every rank's output, and stops every node when a rank fails or on Ctrl-C
-    (Ctrl-C twice kills at once). ARGS after SCRIPT are passed to it unchanged.
+    (Ctrl-C twice kills at once). ARGS go to SCRIPT in order; clusterrun's own options may come
+    before or after SCRIPT, and everything after `--` goes to SCRIPT verbatim.
     """
     from clusterrun.cli.render import plan_json, print_plan, print_summary
 

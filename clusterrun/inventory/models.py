@@ -106,7 +106,7 @@ class Nic(_Model):
         if self.kind.is_rdma and not self.hca:
             raise PydanticCustomError(
                 "missing_hca",
-                "a {kind} NIC needs 'hca' (the RDMA device, e.g. mlx5_0; see `ibstat -l` or `ibdev2netdev`)",
+                "{kind} NICs need 'hca' (the RDMA device, e.g. mlx5_0; see `ibstat -l` or `ibdev2netdev`)",
                 {"kind": self.kind.value},
             )
         if not self.kind.is_rdma and self.hca:

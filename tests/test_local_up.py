@@ -1,0 +1,128 @@
+"""`clusterrun up` on the local inventory, for real: torchrun, two CPU ranks over gloo, the run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from procs import marked_processes, wait_no_processes
+
+pytest.importorskip("torch", reason="local runs need the torch extra")
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL = str(ROOT / "inventories" / "localhost.yaml")
+TRAIN = str(ROOT / "examples" / "train_ddp.py")
+RUN_TIMEOUT = 120
+
+FAIL_RANK_1 = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+print(f"hello from {rank}", flush=True)
+if rank == 1:
+    time.sleep(0.5)
+    print("rank 1 is about to fail", file=sys.stderr, flush=True)
+    sys.exit(3)
+time.sleep(100)
+print("rank 0 should never get here", flush=True)
+"""
+
+SLEEPER = """
+import os, time
+print("rank", os.environ["RANK"], "sleeping", flush=True)
+time.sleep(100)
+"""
+
+
+def clusterrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clusterrun", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
+
+
+def only_run(runs: Path) -> Path:
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    return run
+
+
+def test_train_ddp_succeeds_and_fills_the_run_directory(tmp_path: Path) -> None:
+    done = clusterrun("up", LOCAL, TRAIN, "--epochs", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "[localhost:0] epoch 1 loss " in done.stdout
+    assert "[localhost:0] final test loss" in done.stdout
+    assert "[localhost:1] rank 1/2 local_rank 1" in done.stdout
+    run = only_run(tmp_path / "runs")
+    assert f"run {run.name} succeeded" in done.stderr
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["world_size"] == 2 and plan["nodes"][0]["argv"][-2:] == ["--epochs", "2"]
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["exit_code"] == 0
+    ranks = status["nodes"]["localhost"]["ranks"]
+    for rank in ("0", "1"):
+        assert ranks[rank]["exit_code"] == 0 and ranks[rank]["state"] == "succeeded"
+        assert ranks[rank]["ended"] >= ranks[rank]["started"] > 0
+    assert "epoch 2 loss" in (run / "localhost" / "rank0.log").read_text()
+    assert "rank 1/2" in (run / "localhost" / "rank1.log").read_text()
+    assert not marked_processes(run.name)
+
+
+def test_a_failing_rank_stops_the_others_and_is_named(tmp_path: Path) -> None:
+    (tmp_path / "fail.py").write_text(FAIL_RANK_1)
+    started = time.monotonic()
+    done = clusterrun("up", LOCAL, "fail.py", cwd=tmp_path)
+    took = time.monotonic() - started
+    assert done.returncode == 3, done.stderr
+    assert took < 60, "rank 0 sleeps 100 s: it must have been stopped, not waited for"
+    assert "rank 0 should never get here" not in done.stdout
+    assert "first failure: localhost rank 1: exit code 3" in done.stderr
+    assert "rank 1 is about to fail" in done.stderr.split("first failure:")[1]  # the log tail in the summary
+    run = only_run(tmp_path / "runs")
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "failed" and status["exit_code"] == 3
+    assert status["first_failure"] == {"node": "localhost", "rank": 1, "exit_code": 3, "signal": None,
+                                       "detail": "exited while others ran"}
+    assert status["nodes"]["localhost"]["ranks"]["0"]["state"] == "stopped"
+    assert not wait_no_processes(run.name)
+
+
+def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", LOCAL, "sleeper.py"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        seen: set[str] = set()
+        deadline = time.monotonic() + RUN_TIMEOUT
+        assert proc.stdout is not None
+        while len(seen) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if "sleeping" in line:
+                seen.add(line.split("]")[0])
+        assert seen == {"[localhost:0", "[localhost:1"}
+        run = only_run(tmp_path / "runs")
+        assert len(marked_processes(run.name)) >= 3  # torchrun and two workers, at least
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "SIGINT: stopping all nodes" in err and f"run {run.name} interrupted" in err
+    assert json.loads((run / "status.json").read_text())["state"] == "interrupted"
+    assert not wait_no_processes(run.name), "processes left behind after Ctrl-C"
+
+
+def test_quiet_and_rank_filter_still_log_everything(tmp_path: Path) -> None:
+    (tmp_path / "hello.py").write_text('import os; print("hello from", os.environ["RANK"], flush=True)\n')
+    done = clusterrun("up", LOCAL, "hello.py", "--ranks", "1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "[localhost:1] hello from 1" in done.stdout and "hello from 0" not in done.stdout
+    run = only_run(tmp_path / "runs")
+    assert "hello from 0" in (run / "localhost" / "rank0.log").read_text()
+    assert os.path.getsize(run / "localhost" / "rank1.log") > 0
