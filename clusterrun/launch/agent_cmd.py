@@ -14,8 +14,10 @@ from clusterrun.plan import NodePlan
 AGENT_PATH = Path(__file__).with_name("node_agent.py")
 
 
-def agent_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: float) -> dict[str, Any]:
+def agent_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: float,
+               stage: list[tuple[str, str]] | None = None) -> dict[str, Any]:
     return {
+        "stage": [list(pair) for pair in stage or ()],
         "run_id": run_id,
         "node": node.name,
         "rank_offset": node.rank_offset,

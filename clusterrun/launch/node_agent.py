@@ -25,6 +25,7 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -322,6 +323,7 @@ class Agent:
             cmd = line.strip().decode(errors="replace")
             if cmd == "ping":
                 self.last_ping = time.monotonic()
+                emit({"ev": "pong"})  # lets clusterrun tell a silent node from a quiet one
             elif cmd == "term":
                 self.stop("stopped by clusterrun", self.grace)
             elif cmd == "kill":
@@ -357,6 +359,11 @@ class Agent:
         env.update(self.spec.get("env", {}))
         env[RUN_ID_VAR] = self.run_id
         cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
+        for src, dest in self.spec.get("stage", []):
+            # Staged files arrive in the node's content cache; each run gets its own copy.
+            dest = os.path.expanduser(dest)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy2(os.path.expanduser(src), dest)
         argv = self._argv()
         log_dir = os.path.join(self.run_dir, "torchrun")
         try:

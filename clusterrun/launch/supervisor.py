@@ -49,7 +49,8 @@ class SupervisorSettings:
 class Supervisor:
     def __init__(self, plan: LaunchPlan, transports: Mapping[str, Transport], run_dir: RunDir,
                  console: Console, settings: SupervisorSettings | None = None,
-                 inline_agent: Callable[[NodePlan], bool] | None = None) -> None:
+                 inline_agent: Callable[[NodePlan], bool] | None = None,
+                 stage: Mapping[str, list[tuple[str, str]]] | None = None) -> None:
         self.plan = plan
         self.transports = transports
         self.run_dir = run_dir
@@ -63,6 +64,8 @@ class Supervisor:
         self._stop_sent_at: float | None = None
         self._kill_sent = False
         self._signals: list[int] = []
+        self._stage = stage or {}
+        self._last_heard: dict[str, float] = {}
         self.outcome = RunOutcome(
             run_id=plan.run_id, started=time.time(),
             nodes={n.name: NodeOutcome(n.name, {r: RankOutcome(r, r - n.rank_offset) for r in n.ranks})
@@ -73,7 +76,7 @@ class Supervisor:
 
     def _start_one(self, node: NodePlan) -> Stream:
         spec = agent_spec(node, self.plan.run_id, grace=self.settings.grace,
-                          heartbeat_timeout=self.settings.heartbeat_timeout)
+                          heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name))
         return self.transports[node.name].start(run_argv(node, spec, inline=self._inline(node)))
 
     def _start_all(self) -> None:
@@ -118,6 +121,7 @@ class Supervisor:
 
     def _handle(self, name: str, event: Any) -> None:
         node = self.outcome.nodes[name]
+        self._last_heard[name] = time.monotonic()
         if event is _EOF:
             self._ended.add(name)
             if node.ended is None:
@@ -131,6 +135,8 @@ class Supervisor:
                 self._fail(Failure(name, None, 1, None, node.reason))
             return
         kind = event.get("ev")
+        if kind == "pong":
+            return
         if kind == "line":
             rank = int(event["rank"])
             text = event.get("text", "")
@@ -266,10 +272,29 @@ class Supervisor:
                 for name, stream in self._streams.items():
                     if name not in self._ended:
                         stream.send("ping\n")
+            self._check_silent(now)
             if self._stop_sent_at is not None and now - self._stop_sent_at > self.settings.stop_timeout:
                 self._give_up()
                 return
         self.outcome.ended = time.time()
+
+    def _check_silent(self, now: float) -> None:
+        """A node that answers no heartbeat for heartbeat_timeout is lost (network gone, node down)."""
+        for name, stream in self._streams.items():
+            if name in self._ended:
+                continue
+            heard = self._last_heard.setdefault(name, now)
+            if now - heard > self.settings.heartbeat_timeout:
+                stream.abort()  # its agent stops the node's processes when it stops hearing us
+                self._ended.add(name)
+                node = self.outcome.nodes[name]
+                node.ended, node.state = time.time(), RankState.unknown
+                node.reason = (f"no word from the node for {now - heard:.0f}s (network down or node hung); "
+                               "its agent stops the job there by itself")
+                for rank in node.ranks.values():
+                    if rank.state is RankState.running:
+                        rank.state = RankState.unknown
+                self._fail(Failure(name, None, 1, None, node.reason))
 
     def _give_up(self) -> None:
         """Nodes that did not finish stopping in time: drop their streams (their agents then stop by themselves)."""

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from clusterrun.errors import StartError
 from clusterrun.inventory.models import Inventory
+from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RunOutcome
+from clusterrun.launch.preflight import preflight
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
 from clusterrun.launch.transports import open_transports
 from clusterrun.plan import LaunchPlan
@@ -27,7 +29,19 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "starting", "started": time.time()})
     transports = open_transports(inv, plan)
     try:
-        supervisor = Supervisor(plan, transports, run_dir, console, settings)
+        try:
+            if any(n.transport is TransportKind.ssh for n in plan.nodes):
+                console.info(f"checking {plan.nnodes} node(s)...")
+            ready = preflight(plan, transports)
+        except StartError as exc:
+            run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "not-started",
+                                               "problems": exc.problems, "ended": time.time()})
+            raise
+        copied = sum(len(r.copied) for r in ready.values())
+        if copied:
+            console.info(f"copied {copied} file(s) to the nodes")
+        supervisor = Supervisor(plan, transports, run_dir, console, settings,
+                                stage={name: r.stage for name, r in ready.items()})
         console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), logs in {run_dir.path}/")
         try:
             outcome = supervisor.run()

@@ -1,0 +1,134 @@
+"""Before anything starts: check every node in parallel, and stage the script where it is needed.
+
+One command per node, through the node's own python: it proves the interpreter exists and
+imports torch, creates the run directory, checks that the master port is free on rank 0, and
+reports which staged files the node's content cache lacks. Missing files are then copied
+(only those: a second `up` of the same script copies nothing) and the node agent places them
+in the run directory. If any node fails, :class:`StartError` lists every problem and nothing
+is started anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import posixpath
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clusterrun.errors import ClusterrunError, StartError
+from clusterrun.inventory.models import Transport as TransportKind
+from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.transport.base import Transport
+
+#: Content-addressed copies of staged files on each node (by sha256).
+REMOTE_CACHE = "~/.clusterrun/cache"
+PREFLIGHT_TIMEOUT = 60.0
+
+_CHECK = r"""
+import json, os, socket, sys, base64
+spec = json.loads(base64.b64decode(sys.argv[1]))
+out = {"python": sys.version.split()[0], "executable": sys.executable, "problems": [], "missing": []}
+try:
+    import torch
+    out["torch"] = torch.__version__
+except Exception as exc:
+    out["problems"].append("python %s cannot import torch (%s: %s); install torch there or set `python` "
+                           "in the inventory to an environment that has it" % (sys.executable, type(exc).__name__, exc))
+for d in (spec["run_dir"], spec["cache"]):
+    try:
+        os.makedirs(os.path.expanduser(d), exist_ok=True)
+    except OSError as exc:
+        out["problems"].append("cannot create %s: %s" % (d, exc.strerror or exc))
+for digest in spec["hashes"]:
+    if not os.path.isfile(os.path.join(os.path.expanduser(spec["cache"]), digest)):
+        out["missing"].append(digest)
+if spec.get("port"):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("", spec["port"]))
+    except OSError as exc:
+        out["problems"].append("master port %d is already in use on this node (%s): another job, or a "
+                               "leftover one; pick another with --master-port" % (spec["port"], exc.strerror))
+    finally:
+        s.close()
+print("CLUSTERRUN-PREFLIGHT " + json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    local: Path
+    digest: str
+    dest: str  # where the node agent puts it (in the run directory)
+
+
+@dataclass
+class NodeReady:
+    node: str
+    python_version: str = ""
+    torch_version: str = ""
+    copied: list[str] = field(default_factory=list)
+    stage: list[tuple[str, str]] = field(default_factory=list)  # (cache path, destination) for the agent
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def files_to_stage(plan: LaunchPlan, node: NodePlan) -> list[StagedFile]:
+    """The script, when this node runs a copy of it in its run directory."""
+    if node.transport is TransportKind.local or plan.job.module or node.script == plan.job.script:
+        return []
+    local = Path(plan.job.local_cwd, plan.job.script)
+    return [StagedFile(local, _sha256(local), node.script)]
+
+
+def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> NodeReady:
+    spec = {"run_dir": node.run_dir, "cache": REMOTE_CACHE, "hashes": sorted({f.digest for f in staged}),
+            "port": plan.master_port if node.node_rank == 0 else None}
+    argv = [node.python, "-c", _CHECK, base64.b64encode(json.dumps(spec).encode()).decode()]
+    result = transport.run(argv, timeout=PREFLIGHT_TIMEOUT)
+    marker = next((line for line in result.stdout.splitlines() if line.startswith("CLUSTERRUN-PREFLIGHT ")), None)
+    if marker is None:
+        if result.exit_code == 127:
+            raise ClusterrunError(f"python {node.python!r} not found on the node; set `python` in the inventory "
+                                  "to an interpreter that exists there (an absolute path is safest)")
+        raise ClusterrunError(f"the node check failed (exit {result.exit_code}): {result.tail(3) or 'no output'}")
+    report = json.loads(marker.split(" ", 1)[1])
+    if report["problems"]:
+        raise ClusterrunError("; ".join(report["problems"]))
+    ready = NodeReady(node.name, report["python"], report.get("torch", ""))
+    for f in staged:
+        cached = posixpath.join(REMOTE_CACHE, f.digest)
+        if f.digest in report["missing"]:
+            transport.put(f.local, cached)
+            ready.copied.append(str(f.local))
+        ready.stage.append((cached, f.dest))
+    return ready
+
+
+def preflight(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
+    """Check and stage every node in parallel. Raises :class:`StartError` naming every node that failed."""
+    staged = {node.name: files_to_stage(plan, node) for node in plan.nodes}
+    problems: dict[str, str] = {}
+    ready: dict[str, NodeReady] = {}
+    with ThreadPoolExecutor(max_workers=min(64, len(plan.nodes)), thread_name_prefix="preflight") as pool:
+        futures = {node.name: pool.submit(_check_node, plan, node, transports[node.name], staged[node.name])
+                   for node in plan.nodes}
+        for name, future in futures.items():
+            try:
+                ready[name] = future.result()
+            except ClusterrunError as exc:
+                problems[name] = getattr(exc, "reason", None) or str(exc)
+    if problems:
+        raise StartError(problems, hint="fix the above (`clusterrun plan` shows what each node would run); "
+                                        "no node was started")
+    return ready
