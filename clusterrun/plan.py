@@ -165,7 +165,8 @@ def _paths(inv: Inventory, node: Node, job: JobSpec) -> tuple[str, str, str]:
         run_dir = posixpath.join(job.local_runs_dir, job.run_id, node.name, "node")
         script = job.script if job.module else posixpath.normpath(posixpath.join(job.local_cwd, job.script))
         return run_dir, script, workdir or job.local_cwd
-    run_dir = posixpath.join(REMOTE_RUNS_DIR, job.run_id)
+    # The node name is part of the path: home directories are often shared between nodes (NFS).
+    run_dir = posixpath.join(REMOTE_RUNS_DIR, job.run_id, node.name)
     if inv.defaults.shared_fs or job.module:
         script = job.script
     else:

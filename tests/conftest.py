@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from simcluster import SimCluster, missing_requirements
 
-SIM_CLUSTER_NODES = 3
+SIM_CLUSTER_NODES = 4
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +32,7 @@ def cluster_requirements() -> None:
 
 @pytest.fixture(scope="session")
 def sim_cluster(cluster_requirements: None) -> Iterator[SimCluster]:
-    """A started 3-node SimCluster (management 200mbit, data 2gbit) shared by the whole session.
+    """A started 4-node SimCluster (management 200mbit, data 2gbit) shared by the whole session.
 
     Torn down at session end, also after failures and Ctrl-C. After each test that used it, it is
     put back as it was started (:meth:`SimCluster.reset`: faults undone, sshds running, node processes

@@ -33,6 +33,7 @@ import threading
 import time
 
 RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
+NODE_VAR = "CLUSTERRUN_NODE"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
@@ -100,9 +101,11 @@ def descendants(root: int) -> list:
     return found
 
 
-def marked(run_id: str, exclude: set) -> list:
-    """Processes of our user whose environment carries this run's marker."""
+def marked(run_id: str, exclude: set, node: str = "") -> list:
+    """Processes of our user whose environment carries this run's marker (and this node's, when given:
+    two inventory nodes may be one machine)."""
     needle = f"{RUN_ID_VAR}={run_id}".encode()
+    node_needle = f"{NODE_VAR}={node}".encode()
     uid = os.getuid()
     found = []
     for name in os.listdir("/proc"):
@@ -115,7 +118,8 @@ def marked(run_id: str, exclude: set) -> list:
                 env = f.read()
         except OSError:
             continue
-        if needle in env.split(b"\0"):
+        items = env.split(b"\0")
+        if needle in items and (not node or node_needle in items):
             found.append(int(name))
     return found
 
@@ -291,6 +295,7 @@ class Agent:
     def __init__(self, spec: dict) -> None:
         self.spec = spec
         self.run_id = spec["run_id"]
+        self.node = str(spec.get("node", ""))
         self.grace = float(spec.get("grace", 2.0))
         self.heartbeat_timeout = float(spec.get("heartbeat_timeout", 0) or 0)
         self.run_dir = os.path.expanduser(spec["run_dir"])
@@ -358,6 +363,7 @@ class Agent:
         env = dict(os.environ)
         env.update(self.spec.get("env", {}))
         env[RUN_ID_VAR] = self.run_id
+        env[NODE_VAR] = self.node
         cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
         for src, dest in self.spec.get("stage", []):
             # Staged files arrive in the node's content cache; each run gets its own copy.
@@ -394,7 +400,7 @@ class Agent:
         # Whatever torchrun left behind (it died, or a worker escaped) goes now.
         me = os.getpid()
         stop_processes(lambda: descendants(me), self.grace)
-        stop_processes(lambda: marked(self.run_id, {me}), 0.5)
+        stop_processes(lambda: marked(self.run_id, {me}, self.node), 0.5)
         reader.join(timeout=2.0)
         tailer.stop_event.set()
         tailer.done.wait(timeout=5.0)
@@ -436,13 +442,14 @@ def main(argv: list) -> int:
     if len(argv) >= 2 and argv[0] in ("sweep", "ps"):
         me = os.getpid()
         exclude = {me, os.getppid()}
+        node = argv[3] if len(argv) > 3 else ""
         if argv[0] == "ps":
-            print(json.dumps({"pids": marked(argv[1], exclude)}))
+            print(json.dumps({"pids": marked(argv[1], exclude, node)}))
             return 0
         grace = float(argv[2]) if len(argv) > 2 else 2.0
-        print(json.dumps({"pids": stop_processes(lambda: marked(argv[1], exclude), grace)}))
+        print(json.dumps({"pids": stop_processes(lambda: marked(argv[1], exclude, node), grace)}))
         return 0
-    sys.stderr.write("usage: node_agent.py run SPEC_B64 | sweep RUN_ID [GRACE] | ps RUN_ID\n")
+    sys.stderr.write("usage: node_agent.py run SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
     return 2
 
 

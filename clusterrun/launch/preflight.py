@@ -48,6 +48,7 @@ for digest in spec["hashes"]:
         out["missing"].append(digest)
 if spec.get("port"):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torchrun's store does: TIME_WAIT is no conflict
     try:
         s.bind(("", spec["port"]))
     except OSError as exc:

@@ -290,8 +290,11 @@ class SshTransport(Transport):
         try:
             with client.open_sftp() as sftp:
                 sftp.get_channel().settimeout(max(60.0, self.target.connect_timeout))
-                sftp.put(str(local), remote_path)
-                sftp.chmod(remote_path, os.stat(local).st_mode & 0o777)
+                # Write beside, then rename: a node sharing this path (NFS home) never reads half a file.
+                partial = f"{remote_path}.part-{os.getpid()}-{threading.get_ident()}"
+                sftp.put(str(local), partial)
+                sftp.chmod(partial, os.stat(local).st_mode & 0o777)
+                sftp.posix_rename(partial, remote_path)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise TransportError(self.node, f"cannot copy {local} to {remote}: {exc}") from None
 
