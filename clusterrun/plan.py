@@ -171,6 +171,9 @@ def _paths(inv: Inventory, node: Node, job: JobSpec) -> tuple[str, str, str]:
         script = job.script
     else:
         script = posixpath.join(run_dir, "code", posixpath.basename(job.script))
+    if inv.defaults.shared_fs or job.module:
+        # The same path on every node: run where clusterrun was started, unless a workdir is set.
+        return run_dir, script, workdir or job.local_cwd
     return run_dir, script, workdir or posixpath.join(run_dir, "code")
 
 

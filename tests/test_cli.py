@@ -130,3 +130,15 @@ def test_schema_is_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     schema = json.loads(out)
     assert code == 0 and schema["title"] == "clusterrun inventory"
     assert "nodes" in schema["properties"] and schema["additionalProperties"] is False
+
+
+def test_shipped_inventories_validate_against_the_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    from clusterrun.inventory.models import inventory_json_schema
+
+    validator = jsonschema.Draft202012Validator(inventory_json_schema())
+    for path in sorted((ROOT / "inventories").glob("*.yaml")):
+        errors = [e.message for e in validator.iter_errors(yaml.safe_load(path.read_text()))]
+        assert not errors, f"{path.name}: {errors}"

@@ -19,7 +19,7 @@ def check(inventories: tuple[Path, ...]) -> int:
     """Validate INVENTORY files: every problem is reported as file:line:column with what to do.
 
     Also resolves the data network, so a subnet that some node has no NIC in is caught here.
-    Exits 2 when any file has a problem. No node is contacted (`clusterrun doctor` does that).
+    Exits 2 when any file has a problem. No node is contacted.
     """
     from clusterrun.errors import ClusterrunError
     from clusterrun.inventory.yaml_source import load_inventory

@@ -187,7 +187,8 @@ class Node(_Model):
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     node_rank: Annotated[int, Field(ge=0)] | None = Field(default=None, description="pin this node's rank")
 
-    _coerce_gpus = field_validator("gpus", mode="before")(lambda cls, v: _gpus_from_count(v))
+    _coerce_gpus = field_validator("gpus", mode="before", json_schema_input_type=list[int] | int)(
+        lambda cls, v: _gpus_from_count(v))
 
     @field_validator("host")
     @classmethod

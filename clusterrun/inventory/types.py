@@ -95,12 +95,12 @@ def _env_value(value: object) -> str:
     raise ValueError(f"expected a string value, got {type(value).__name__}")
 
 
-Rate = Annotated[int, BeforeValidator(parse_rate), Field(description="link rate, e.g. '100gbit', '25gbit', '200mbit'")]
+Rate = Annotated[int, BeforeValidator(parse_rate, json_schema_input_type=str | int), Field(description="link rate, e.g. '100gbit', '25gbit', '200mbit'")]
 Port = Annotated[int, Field(ge=1, le=65535)]
 GpuIndex = Annotated[int, Field(ge=0, le=1023)]
 NodeName = Annotated[str, AfterValidator(_check_name)]
 IfName = Annotated[str, AfterValidator(_check_ifname)]
 EnvName = Annotated[str, AfterValidator(_check_env_name)]
-EnvValue = Annotated[str, BeforeValidator(_env_value)]
+EnvValue = Annotated[str, BeforeValidator(_env_value, json_schema_input_type=str | int | float | bool)]
 IpOrCidr = Annotated[str, BeforeValidator(_check_ip_or_cidr)]
 Cidr = Annotated[str, BeforeValidator(_check_cidr)]

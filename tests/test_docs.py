@@ -1,0 +1,86 @@
+"""The docs stay true: their inventory examples validate, their error examples fail as shown,
+their schema is the current one, and every environment rule is documented."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from clusterrun.errors import InventoryError
+from clusterrun.inventory.models import inventory_json_schema
+from clusterrun.inventory.yaml_source import parse_inventory_text
+from clusterrun.nccl import RULES
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+INVENTORY_MD = DOCS / "inventory.md"
+NETWORK_MD = DOCS / "network.md"
+
+# A fenced block: its language and its body (the fences start at the beginning of a line).
+_FENCE_RE = re.compile(r"^```(\w*)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
+
+
+def fenced_blocks(path: Path, language: str) -> list[str]:
+    return [body for lang, body in _FENCE_RE.findall(path.read_text(encoding="utf-8")) if lang == language]
+
+
+def marked_yaml(path: Path, marker: str) -> list[pytest.param]:
+    """The ``yaml`` blocks of ``path`` whose first line starts with ``marker``, named by that line."""
+    return [
+        pytest.param(body, id=f"{path.name}: {body.splitlines()[0]}")
+        for body in fenced_blocks(path, "yaml")
+        if body.startswith(marker)
+    ]
+
+
+def invalid_examples() -> list[pytest.param]:
+    """Each ``# invalid`` yaml block of inventory.md with the ``console`` block that follows it."""
+    blocks = _FENCE_RE.findall(INVENTORY_MD.read_text(encoding="utf-8"))
+    cases = []
+    for i, (lang, body) in enumerate(blocks):
+        if lang == "yaml" and body.startswith("# invalid"):
+            shown_lang, shown = blocks[i + 1]
+            assert shown_lang == "console", f"no console output after {body.splitlines()[0]!r}"
+            cases.append(pytest.param(body, shown, id=body.splitlines()[0]))
+    return cases
+
+
+@pytest.mark.parametrize("text", marked_yaml(INVENTORY_MD, "# inventory") + marked_yaml(NETWORK_MD, "# inventory"))
+def test_documented_inventory_is_valid(text: str) -> None:
+    inv = parse_inventory_text(text, "docs example")
+    assert inv.nodes
+
+
+def test_inventory_reference_has_full_examples() -> None:
+    assert len(marked_yaml(INVENTORY_MD, "# inventory")) >= 5
+
+
+@pytest.mark.parametrize("path", [INVENTORY_MD, NETWORK_MD], ids=lambda p: p.name)
+def test_every_yaml_example_is_marked_so_it_is_checked(path: Path) -> None:
+    unmarked = [
+        body.splitlines()[0]
+        for body in fenced_blocks(path, "yaml")
+        if not body.startswith(("# inventory", "# invalid"))
+    ]
+    assert unmarked == [], "start each yaml example with '# inventory' (checked valid) or '# invalid'"
+
+
+@pytest.mark.parametrize(("text", "shown"), invalid_examples())
+def test_invalid_example_fails_with_the_message_shown(text: str, shown: str) -> None:
+    command, *output = shown.rstrip("\n").splitlines()
+    source = command.removeprefix("$ clusterrun check ").strip()
+    with pytest.raises(InventoryError) as info:
+        parse_inventory_text(text, source)
+    assert str(info.value).splitlines() == output
+
+
+def test_documented_schema_is_the_current_one() -> None:
+    shown = fenced_blocks(INVENTORY_MD, "json")[-1]
+    assert json.loads(shown) == inventory_json_schema(), "regenerate the block with `clusterrun schema`"
+
+
+@pytest.mark.parametrize("rule", [rule.name for rule in RULES])
+def test_every_environment_rule_is_documented(rule: str) -> None:
+    assert f"`{rule}`" in NETWORK_MD.read_text(encoding="utf-8")
