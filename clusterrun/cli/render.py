@@ -95,6 +95,10 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
                     console.print("  " + escape(line), soft_wrap=True)
             else:
                 console.print(f"rank {failure.rank} wrote nothing ({log} is empty)")
+            from clusterrun.launch.hints import failure_hints
+
+            for hint in failure_hints(run_dir.tail(failure.node, failure.rank, 400)):
+                console.print(f"[bold yellow]hint:[/] {escape(hint)}")
         else:
             launcher = run_dir.path / failure.node / "launcher.log"
             if launcher.exists():
