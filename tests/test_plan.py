@@ -46,7 +46,7 @@ def test_two_node_ethernet_example() -> None:
     assert b.argv[:3] == ("/opt/venvs/train/bin/python", "-m", "torch.distributed.run")
     assert arg(b.argv, "--node-rank") == "1" and arg(b.argv, "--nnodes") == "2"
     assert arg(b.argv, "--master-addr") == "10.10.0.21" and arg(b.argv, "--nproc-per-node") == "8"
-    assert b.argv[-3:] == ("~/.clusterrun/runs/r1/code/train.py", "--epochs", "3")
+    assert b.argv[-3:] == ("~/.clusterrun/runs/r1/gpu-b/code/train.py", "--epochs", "3")
 
 
 def test_four_node_infiniband_example() -> None:

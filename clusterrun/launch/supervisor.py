@@ -305,5 +305,7 @@ class Supervisor:
             node = self.outcome.nodes[name]
             node.state = RankState.unknown
             node.reason = f"did not confirm it stopped within {self.settings.stop_timeout:g}s"
-            self.outcome.notes.append(f"{name}: {node.reason}; check with `clusterrun status {self.plan.run_id}`")
+            self.outcome.notes.append(
+                f"{name}: {node.reason}; its agent stops the job there when it stops hearing clusterrun; to look "
+                f"yourself: processes with CLUSTERRUN_RUN_ID={self.plan.run_id} in their environment")
         self.outcome.ended = time.time()
