@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,7 +40,15 @@ time.sleep(100)
 """
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def clusterrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # A free master port: another job on this machine may hold the default 29500.
+    args = (*args[:3], "--master-port", str(free_port()), *args[3:])
     return subprocess.run([sys.executable, "-m", "clusterrun", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
 
@@ -91,7 +100,8 @@ def test_a_failing_rank_stops_the_others_and_is_named(tmp_path: Path) -> None:
 
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     (tmp_path / "sleeper.py").write_text(SLEEPER)
-    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", LOCAL, "sleeper.py"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", LOCAL, "sleeper.py", "--master-port",
+                             str(free_port())], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     try:
         seen: set[str] = set()

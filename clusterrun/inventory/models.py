@@ -71,6 +71,12 @@ class SshSettings(_Model):
     host_key_policy: HostKeyPolicy | None = None
     connect_timeout: Annotated[float, Field(gt=0, le=600)] | None = None
 
+    @field_validator("host_key_policy", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `off` as false.
+        return "off" if value is False else value
+
     def merged_over(self, base: SshSettings) -> SshSettings:
         """Values set here win over ``base``."""
         data = base.model_dump(exclude_none=True)
