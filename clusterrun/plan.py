@@ -38,6 +38,7 @@ class JobSpec:
     local_runs_dir: str = "runs"
     local_cwd: str = "."
     max_restarts: int = 0
+    sync_dir: str | None = None  # copied whole to each node's code/ directory (absolute, local)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,16 @@ def _nproc(inv: Inventory, node: Node, job: JobSpec) -> int:
     return nproc
 
 
+def _script_in_code(job: JobSpec) -> str:
+    """The script's path inside the node's code/ directory: relative to --sync DIR when it lies there."""
+    if job.sync_dir:
+        script = posixpath.normpath(posixpath.join(job.local_cwd, job.script))
+        inside = posixpath.relpath(script, job.sync_dir)
+        if not inside.startswith("../"):
+            return inside
+    return posixpath.basename(job.script)
+
+
 def _paths(inv: Inventory, node: Node, job: JobSpec) -> tuple[str, str, str]:
     """(run_dir, script, cwd) as the node sees them."""
     workdir = inv.workdir_of(node)
@@ -170,7 +181,7 @@ def _paths(inv: Inventory, node: Node, job: JobSpec) -> tuple[str, str, str]:
     if inv.defaults.shared_fs or job.module:
         script = job.script
     else:
-        script = posixpath.join(run_dir, "code", posixpath.basename(job.script))
+        script = posixpath.join(run_dir, "code", _script_in_code(job))
     if inv.defaults.shared_fs or job.module:
         # The same path on every node: run where clusterrun was started, unless a workdir is set.
         return run_dir, script, workdir or job.local_cwd

@@ -173,3 +173,11 @@ def test_plan_to_dict_has_the_documented_fields() -> None:
     for node in data["nodes"]:
         assert {"name", "host", "node_rank", "nproc_per_node", "master_addr", "master_port", "argv", "cwd",
                 "env"} <= set(node)
+
+
+def test_sync_dir_keeps_the_script_path_inside_it() -> None:
+    inventory = load_inventory(INVENTORIES / "two-node-ethernet.yaml")
+    plan = build_plan(inventory, job(script="src/train.py", local_cwd="/home/me/proj", sync_dir="/home/me/proj"))
+    assert plan.nodes[1].script == "~/.clusterrun/runs/r1/gpu-b/code/src/train.py"
+    outside = build_plan(inventory, job(script="/elsewhere/train.py", sync_dir="/home/me/proj"))
+    assert outside.nodes[0].script == "~/.clusterrun/runs/r1/gpu-a/code/train.py"

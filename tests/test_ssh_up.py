@@ -181,3 +181,25 @@ def test_unreachable_node_starts_nothing_anywhere(sim_cluster: SimCluster, tmp_p
     run = the_run(tmp_path)
     assert status(run)["state"] == "not-started"
     assert not sim_cluster.job_processes(run.name)
+
+
+def test_sync_dir_brings_sibling_modules_and_is_cached(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    code = tmp_path / "project"
+    (code / "pkg").mkdir(parents=True)
+    (code / "pkg" / "__init__.py").write_text("")
+    (code / "pkg" / "helper.py").write_text(f"TOKEN = 'synced-{time.time_ns()}'\n")
+    (code / "train.py").write_text("import os\nfrom pkg.helper import TOKEN\nprint(TOKEN, os.getcwd(), flush=True)\n")
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "junk.pyc").write_bytes(b"\0")
+    first = run_clusterrun("up", str(inv), "--sync", str(code), str(code / "train.py"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    token = (code / "pkg" / "helper.py").read_text().split("'")[1]
+    assert first.stdout.count(token) == 2
+    assert "copied 2 file(s)" in first.stderr or "copied 1 file(s)" in first.stderr  # one archive, shared home
+    run = the_run(tmp_path)
+    node_code = Path.home() / ".clusterrun" / "runs" / run.name / "node1" / "code"
+    assert (node_code / "pkg" / "helper.py").is_file() and not (node_code / "__pycache__").exists()
+    second = run_clusterrun("up", str(inv), "--sync", str(code), str(code / "train.py"), "--runs-dir", "runs2",
+                            cwd=tmp_path)
+    assert second.returncode == 0 and "copied" not in second.stderr, second.stderr

@@ -32,6 +32,9 @@ def job_options(func: F) -> F:
                      help="Rendezvous port on the master (default: network.master_port, 29500)."),
         click.option("-e", "--env", "env", multiple=True, metavar="KEY=VALUE",
                      help="Set an environment variable on every node (repeatable; wins over the inventory)."),
+        click.option("--sync", "sync_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+                     metavar="DIR", help="Copy DIR (your code: modules next to SCRIPT, configs) to every node's run "
+                     "directory; unchanged content is not copied again. Not needed with shared_fs."),
         click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
                      show_default=True, help="Where run directories (plan, logs, status) are written."),
         click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of tables."),
@@ -43,7 +46,7 @@ def job_options(func: F) -> F:
 
 def build_job(inventory: Path, script: str, script_args: tuple[str, ...], *, module: bool,
               nproc_per_node: int | None, master_port: int | None, env: tuple[str, ...],
-              runs_dir: Path) -> tuple[Any, Any]:
+              runs_dir: Path, sync_dir: Path | None = None) -> tuple[Any, Any]:
     """Load the inventory and make the plan: returns (inventory, LaunchPlan). Raises ClusterrunError."""
     from clusterrun.errors import UsageError
     from clusterrun.inventory.hostspec import parse_env_assignments
@@ -64,6 +67,7 @@ def build_job(inventory: Path, script: str, script_args: tuple[str, ...], *, mod
         script=script, run_id=new_run_id(), args=tuple(script_args), module=module,
         nproc_per_node=nproc_per_node, master_port=master_port, env=tuple(env_vars.items()),
         local_runs_dir=str(runs_dir.resolve()), local_cwd=os.getcwd(),
+        sync_dir=str(sync_dir.resolve()) if sync_dir else None,
     )
     return inv, build_plan(inv, job)
 
@@ -74,9 +78,9 @@ def with_job(func: F) -> F:
     @functools.wraps(func)
     def wrapper(inventory: Path, script: str, script_args: tuple[str, ...], module: bool,
                 nproc_per_node: int | None, master_port: int | None, env: tuple[str, ...],
-                runs_dir: Path, **rest: Any) -> Any:
+                runs_dir: Path, sync_dir: Path | None, **rest: Any) -> Any:
         inv, plan = build_job(inventory, script, script_args, module=module, nproc_per_node=nproc_per_node,
-                              master_port=master_port, env=env, runs_dir=runs_dir)
+                              master_port=master_port, env=env, runs_dir=runs_dir, sync_dir=sync_dir)
         return func(inv=inv, plan=plan, runs_dir=runs_dir, **rest)
 
     return wrapper  # type: ignore[return-value]

@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 
@@ -365,9 +366,17 @@ class Agent:
         env[RUN_ID_VAR] = self.run_id
         env[NODE_VAR] = self.node
         cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
-        for src, dest in self.spec.get("stage", []):
+        for src, dest, *kind in self.spec.get("stage", []):
             # Staged files arrive in the node's content cache; each run gets its own copy.
             dest = os.path.expanduser(dest)
+            if kind and kind[0] == "tree":  # a --sync directory, as a tar archive
+                os.makedirs(dest, exist_ok=True)
+                with tarfile.open(os.path.expanduser(src)) as archive:
+                    try:
+                        archive.extractall(dest, filter="data")
+                    except TypeError:  # Python < 3.12 without the filter backport
+                        archive.extractall(dest)
+                continue
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             shutil.copy2(os.path.expanduser(src), dest)
         argv = self._argv()

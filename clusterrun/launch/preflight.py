@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import posixpath
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,7 @@ class StagedFile:
     local: Path
     digest: str
     dest: str  # where the node agent puts it (in the run directory)
+    kind: str = "file"  # or "tree": a tar archive the agent unpacks into dest
 
 
 @dataclass
@@ -73,7 +75,7 @@ class NodeReady:
     python_version: str = ""
     torch_version: str = ""
     copied: list[str] = field(default_factory=list)
-    stage: list[tuple[str, str]] = field(default_factory=list)  # (cache path, destination) for the agent
+    stage: list[tuple[str, str, str]] = field(default_factory=list)  # (cache path, destination, kind)
 
 
 def _sha256(path: Path) -> str:
@@ -84,12 +86,53 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+_SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "runs", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+_archives: dict[str, Path] = {}
+
+
+def sync_archive(directory: str) -> Path:
+    """A reproducible tar of ``directory`` (sorted, no times or owners): same content, same hash."""
+    if directory in _archives:
+        return _archives[directory]
+    import tarfile
+    import tempfile
+
+    root = Path(directory)
+    fd, name = tempfile.mkstemp(prefix="clusterrun-sync-", suffix=".tar")
+    os.close(fd)
+    with tarfile.open(name, "w", format=tarfile.PAX_FORMAT) as archive:
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root)
+            if set(rel.parts) & _SKIP_DIRS or path.is_symlink() or not path.is_file():
+                continue
+            info = archive.gettarinfo(str(path), arcname=str(rel))
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            with open(path, "rb") as fh:
+                archive.addfile(info, fh)
+    _archives[directory] = Path(name)
+    return _archives[directory]
+
+
+def remove_archives() -> None:
+    """Delete the temporary --sync archives of this process."""
+    while _archives:
+        _, path = _archives.popitem()
+        path.unlink(missing_ok=True)
+
+
 def files_to_stage(plan: LaunchPlan, node: NodePlan) -> list[StagedFile]:
-    """The script, when this node runs a copy of it in its run directory."""
+    """The script (or the whole --sync directory), when this node runs a copy in its run directory."""
     if node.transport is TransportKind.local or plan.job.module or node.script == plan.job.script:
         return []
+    staged = []
+    code_dir = posixpath.join(node.run_dir, "code")
+    if plan.job.sync_dir:
+        archive = sync_archive(plan.job.sync_dir)
+        staged.append(StagedFile(archive, _sha256(archive), code_dir, "tree"))
     local = Path(plan.job.local_cwd, plan.job.script)
-    return [StagedFile(local, _sha256(local), node.script)]
+    if not plan.job.sync_dir or not str(local.resolve()).startswith(str(Path(plan.job.sync_dir).resolve()) + os.sep):
+        staged.append(StagedFile(local, _sha256(local), node.script))
+    return staged
 
 
 def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> NodeReady:
@@ -112,7 +155,7 @@ def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: 
         if f.digest in report["missing"]:
             transport.put(f.local, cached)
             ready.copied.append(str(f.local))
-        ready.stage.append((cached, f.dest))
+        ready.stage.append((cached, f.dest, f.kind))
     return ready
 
 

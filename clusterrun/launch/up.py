@@ -10,7 +10,7 @@ from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RunOutcome
-from clusterrun.launch.preflight import preflight
+from clusterrun.launch.preflight import preflight, remove_archives
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
 from clusterrun.launch.transports import open_transports
 from clusterrun.plan import LaunchPlan
@@ -52,5 +52,6 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
         run_dir.write_json("status.json", outcome.to_dict())
         return outcome, run_dir
     finally:
+        remove_archives()
         for transport in transports.values():
             transport.close()
