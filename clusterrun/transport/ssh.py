@@ -163,7 +163,7 @@ class SshTransport(Transport):
         self.settings = settings or SshSettings()
         self._target: SshTarget | None = None
         self._client: paramiko.SSHClient | None = None
-        self._jump_client: paramiko.SSHClient | None = None
+        self._jump_clients: list[paramiko.SSHClient] = []
         self._lock = threading.Lock()
 
     @property
@@ -212,19 +212,25 @@ class SshTransport(Transport):
                     return self._client
                 self._close_locked()
             target = self.target
-            sock = None
-            if target.jump is not None:
-                self._jump_client = self._new_client(target.jump)
-                jump_transport = self._jump_client.get_transport()
-                assert jump_transport is not None
-                try:
-                    sock = jump_transport.open_channel("direct-tcpip", (target.hostname, target.port), ("", 0),
-                                                       timeout=target.connect_timeout)
-                except (paramiko.SSHException, OSError) as exc:
-                    raise ConnectError(self.node, f"the jump host {target.jump.describe()} could not reach "
-                                                  f"{target.hostname}:{target.port}: {exc}") from None
+            sock = self._through_jumps(target)
             self._client = self._new_client(target, sock)
             return self._client
+
+    def _through_jumps(self, target: SshTarget) -> paramiko.Channel | None:
+        """A channel to ``target`` through its ProxyJump chain (None when it has none)."""
+        if target.jump is None:
+            return None
+        sock = self._through_jumps(target.jump)
+        client = self._new_client(target.jump, sock)
+        self._jump_clients.append(client)
+        transport = client.get_transport()
+        assert transport is not None
+        try:
+            return transport.open_channel("direct-tcpip", (target.hostname, target.port), ("", 0),
+                                          timeout=target.connect_timeout)
+        except (paramiko.SSHException, OSError) as exc:
+            raise ConnectError(self.node, f"the jump host {target.jump.describe()} could not reach "
+                                          f"{target.hostname}:{target.port}: {exc}") from None
 
     def _channel(self) -> paramiko.Channel:
         client = self._connected()
@@ -301,10 +307,11 @@ class SshTransport(Transport):
     # ------------------------------------------------------------ close
 
     def _close_locked(self) -> None:
-        for client in (self._client, self._jump_client):
+        for client in (self._client, *reversed(self._jump_clients)):
             if client is not None:
                 client.close()
-        self._client = self._jump_client = None
+        self._client = None
+        self._jump_clients = []
 
     def close(self) -> None:
         with self._lock:

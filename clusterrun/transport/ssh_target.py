@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,12 +82,15 @@ def resolve_target(host: str, settings: SshSettings, *, depth: int = 0) -> SshTa
     jump_spec = settings.jump_host or found.get("proxyjump")
     jump = None
     if jump_spec and jump_spec.lower() != "none":
-        first = jump_spec.split(",")[0].strip()  # several hops: the first is reached first
-        jump_user, jump_host, jump_port = _parse_jump(first)
-        jump_settings = SshSettings(user=jump_user, port=jump_port, config_file=settings.config_file,
-                                    known_hosts=settings.known_hosts, host_key_policy=settings.host_key_policy,
-                                    connect_timeout=settings.connect_timeout)
-        jump = resolve_target(jump_host, jump_settings, depth=depth + 1)
+        # `a,b`: a is reached first, then b through a, then the node through b.
+        for hop in (h.strip() for h in jump_spec.split(",")):
+            jump_user, jump_host, jump_port = _parse_jump(hop)
+            jump_settings = SshSettings(user=jump_user, port=jump_port, config_file=settings.config_file,
+                                        known_hosts=settings.known_hosts, host_key_policy=settings.host_key_policy,
+                                        connect_timeout=settings.connect_timeout)
+            hop_target = resolve_target(jump_host, jump_settings, depth=depth + 1)
+            # A hop's own ProxyJump from ssh_config is replaced by the chain given here.
+            jump = dataclasses.replace(hop_target, jump=jump)
     known = settings.known_hosts or (found.get("userknownhostsfile") or DEFAULT_KNOWN_HOSTS).split()[0]
     policy = settings.host_key_policy
     if policy is None:
