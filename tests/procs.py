@@ -1,8 +1,9 @@
-"""Find the processes of one run by the CLUSTERRUN_RUN_ID marker in their environment (this machine only)."""
+"""Helpers for tests on this machine: the processes of one run (by their CLUSTERRUN_RUN_ID marker), free ports."""
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -34,3 +35,10 @@ def wait_no_processes(run_id: str, timeout: float = 10.0) -> list[tuple[int, str
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (on loopback)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

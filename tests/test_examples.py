@@ -7,13 +7,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from procs import free_port
 
 pytest.importorskip("torch", reason="the examples need the torch extra")
 
@@ -53,12 +53,6 @@ def load_example(path: Path) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def child_env() -> dict[str, str]:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from procs import marked_processes, wait_no_processes
+from procs import free_port, marked_processes, wait_no_processes
 
 pytest.importorskip("torch", reason="local runs need the torch extra")
 
@@ -38,12 +37,6 @@ import os, time
 print("rank", os.environ["RANK"], "sleeping", flush=True)
 time.sleep(100)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def clusterrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

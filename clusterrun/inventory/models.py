@@ -238,8 +238,9 @@ class Inventory(_Model):
         return node.transport or self.defaults.transport
 
     def python_of(self, node: Node) -> str:
-        if node.python or self.defaults.python:
-            return node.python or self.defaults.python or ""
+        explicit = node.python or self.defaults.python
+        if explicit:
+            return explicit
         # A local node runs where clusterrun runs: its interpreter has torch when `clusterrun[torch]` was installed.
         return sys.executable if self.transport_of(node) is Transport.local else "python3"
 

@@ -125,14 +125,8 @@ class Supervisor:
         if event is _EOF:
             self._ended.add(name)
             if node.ended is None:
-                node.ended = time.time()
                 tail = self._streams[name].stderr_text().strip().splitlines()[-3:]
-                node.reason = "connection lost before the node reported" + (f": {' | '.join(tail)}" if tail else "")
-                node.state = RankState.unknown
-                for rank in node.ranks.values():
-                    if rank.state is RankState.running:
-                        rank.state = RankState.unknown
-                self._fail(Failure(name, None, 1, None, node.reason))
+                self._lose(name, "connection lost before the node reported" + (f": {' | '.join(tail)}" if tail else ""))
             return
         kind = event.get("ev")
         if kind == "pong":
@@ -287,14 +281,17 @@ class Supervisor:
             if now - heard > self.settings.heartbeat_timeout:
                 stream.abort()  # its agent stops the node's processes when it stops hearing us
                 self._ended.add(name)
-                node = self.outcome.nodes[name]
-                node.ended, node.state = time.time(), RankState.unknown
-                node.reason = (f"no word from the node for {now - heard:.0f}s (network down or node hung); "
-                               "its agent stops the job there by itself")
-                for rank in node.ranks.values():
-                    if rank.state is RankState.running:
-                        rank.state = RankState.unknown
-                self._fail(Failure(name, None, 1, None, node.reason))
+                self._lose(name, f"no word from the node for {now - heard:.0f}s (network down or node hung); "
+                                 "its agent stops the job there by itself")
+
+    def _lose(self, name: str, reason: str) -> None:
+        """The node can no longer tell us what happened: its running ranks' fate is unknown, and the run fails."""
+        node = self.outcome.nodes[name]
+        node.ended, node.state, node.reason = time.time(), RankState.unknown, reason
+        for rank in node.ranks.values():
+            if rank.state is RankState.running:
+                rank.state = RankState.unknown
+        self._fail(Failure(name, None, 1, None, reason))
 
     def _give_up(self) -> None:
         """Nodes that did not finish stopping in time: drop their streams (their agents then stop by themselves)."""

@@ -33,17 +33,13 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             if any(n.transport is TransportKind.ssh for n in plan.nodes):
                 console.info(f"checking {plan.nnodes} node(s)...")
             ready = preflight(plan, transports)
-        except StartError as exc:
-            run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "not-started",
-                                               "problems": exc.problems, "ended": time.time()})
-            raise
-        copied = sum(len(r.copied) for r in ready.values())
-        if copied:
-            console.info(f"copied {copied} file(s) to the nodes")
-        supervisor = Supervisor(plan, transports, run_dir, console, settings,
-                                stage={name: r.stage for name, r in ready.items()})
-        console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), logs in {run_dir.path}/")
-        try:
+            copied = sum(len(r.copied) for r in ready.values())
+            if copied:
+                console.info(f"copied {copied} file(s) to the nodes")
+            supervisor = Supervisor(plan, transports, run_dir, console, settings,
+                                    stage={name: r.stage for name, r in ready.items()})
+            console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
+                         f"logs in {run_dir.path}/")
             outcome = supervisor.run()
         except StartError as exc:
             run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "not-started",
