@@ -1,0 +1,1 @@
+"""Doctor checks; importing this package registers all of them."""

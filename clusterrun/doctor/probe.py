@@ -1,0 +1,138 @@
+"""Gather a node's facts in one round trip: one shell script, every tool's output in its own section.
+
+The script runs each tool with a time limit and prints its output between markers, so one
+SSH command returns everything the node checks need. A tool that is not installed ends
+with exit code 127 (see :data:`clusterrun.doctor.facts.MISSING`), which checks turn into
+"skip: ... not installed" or a failure where the inventory says the tool must be there.
+The inventory python reports itself and torch as JSON (section ``python``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+from collections.abc import Mapping
+
+from clusterrun.doctor.facts import MISSING, NodeFacts, Section
+from clusterrun.doctor.parsers import nvidia_smi
+from clusterrun.errors import ClusterrunError
+from clusterrun.transport.base import Transport
+
+#: Seconds each tool may take on the node.
+TOOL_TIMEOUT = 20
+PROBE_TIMEOUT = 90.0
+
+#: Extra nvidia-smi fields doctor asks for beyond the parser's defaults (ECC errors since boot).
+GPU_QUERY_FIELDS: tuple[str, ...] = (*nvidia_smi.GPU_FIELDS, "ecc.errors.uncorrected.volatile.total")
+
+PYTHON_REPORT = r"""
+import json, sys, platform
+out = {"python": platform.python_version(), "executable": sys.executable}
+try:
+    import torch
+    import torch.distributed as dist
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.version.cuda
+    out["backends"] = [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
+                                       ("mpi", dist.is_mpi_available())) if ok]
+    try:
+        out["cuda_devices"] = torch.cuda.device_count()
+        if torch.cuda.is_available() and dist.is_nccl_available():
+            out["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
+    except Exception as exc:
+        out["cuda_error"] = "%s: %s" % (type(exc).__name__, exc)
+except Exception as exc:
+    out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps(out))
+"""
+
+#: Section name -> shell command. Order is the order of the report's evidence.
+SECTIONS: dict[str, str] = {
+    "uname": "uname -srm",
+    "os_release": "cat /etc/os-release",
+    "hostname": "hostname",
+    "ip_addr": "ip -j addr show",
+    "net_speed": "for f in /sys/class/net/*; do printf '%s %s\\n' \"${f##*/}\" \"$(cat \"$f/speed\" 2>/dev/null)\"; done",
+    "nvidia_smi": "nvidia-smi --query-gpu=" + ",".join(GPU_QUERY_FIELDS) + " --format=csv,noheader,nounits",
+    "nvidia_apps": " ".join(nvidia_smi.APPS_QUERY),
+    "nvidia_topo": "nvidia-smi topo -m",
+    "ibstat": "ibstat",
+    "ibv_devinfo": "ibv_devinfo -v",
+    "rdma_sys": ("for p in /sys/class/infiniband/*/ports/*; do [ -e \"$p\" ] || continue; "
+                 "d=${p%/ports/*}; d=${d##*/}; n=${p##*/}; "
+                 "printf '%s %s %s %s\\n' \"$d\" \"$n\" \"$(cat \"$p/link_layer\" 2>/dev/null)\" "
+                 "\"$(ls /sys/class/infiniband/$d/device/net 2>/dev/null | tr '\\n' ',')\"; done"),
+    "peermem": "if [ -d /sys/module/nvidia_peermem ]; then echo loaded; else echo absent; fi",
+    "ulimit_memlock": "ulimit -l",
+    "ulimit_nofile": "ulimit -n",
+    "shm": "df -Pk /dev/shm",
+    "nccl_conf": "for f in /etc/nccl.conf \"$HOME/.nccl.conf\"; do [ -f \"$f\" ] && { echo \"# $f\"; cat \"$f\"; }; done; true",
+    "env_nccl": "env | grep -E '^(NCCL_|GLOO_|TORCH_NCCL_|TORCH_DISTRIBUTED_|CUDA_VISIBLE_DEVICES=)' | sort; true",
+    "tools": "for t in ping iperf3 ib_write_bw ibstat ibv_devinfo nvidia-smi timeout; do "
+             "printf '%s %s\\n' \"$t\" \"$(command -v $t || echo -)\"; done",
+}
+
+_BEGIN = "@@clusterrun-probe-begin "
+_END = "@@clusterrun-probe-end "
+_SECTION = re.compile(r"^@@clusterrun-probe-begin (\S+)\n(.*?)^@@clusterrun-probe-end \1 (\d+)$", re.S | re.M)
+_CLOCK = re.compile(r"^@@clusterrun-probe-clock (\d+(?:\.\d+)?)$", re.M)
+
+
+def probe_script(python: str, sections: Mapping[str, str] = SECTIONS) -> str:
+    """The shell script that prints every section between markers (each tool under ``timeout``)."""
+    lines = ["export LC_ALL=C",
+             "if command -v timeout >/dev/null 2>&1; then T='timeout %d'; else T=''; fi" % TOOL_TIMEOUT,
+             "echo \"@@clusterrun-probe-clock $(date +%s.%N)\""]
+    for name, command in {**sections, "python": f"{shlex.quote(python)} -c {shlex.quote(PYTHON_REPORT)}"}.items():
+        first = command.split()[0]
+        # A missing tool reads as 127 whatever the shell says; builtins and loops run as they are.
+        guard = (f"command -v {first} >/dev/null 2>&1 || [ -x {first} ] || {{ echo '{first}: not installed'; "
+                 f"(exit {MISSING}); }} && " if first not in ("for", "if", "ulimit", "env", "cat", "df", "uname",
+                                                                    "hostname") else "")
+        lines.append(f"echo '{_BEGIN}{name}'; ( {guard}$T sh -c {shlex.quote(command)} ) 2>&1; "
+                     f"echo \"{_END}{name} $?\"")
+    return "\n".join(lines) + "\n"
+
+
+def parse_probe(node: str, text: str, sections: Mapping[str, str] = SECTIONS) -> dict[str, Section]:
+    commands = {**sections, "python": "python -c <report>"}
+    out: dict[str, Section] = {}
+    for m in _SECTION.finditer(text):
+        name, body, rc = m.group(1), m.group(2), int(m.group(3))
+        out[name] = Section(name, commands.get(name, name), rc, body.rstrip("\n"))
+    return out
+
+
+def probe_node(node: str, python: str, transport: Transport, timeout: float = PROBE_TIMEOUT) -> NodeFacts:
+    """Probe one node. Never raises for node problems: they come back in ``NodeFacts.error``."""
+    try:
+        t0 = time.monotonic()
+        connect = getattr(transport, "connect", None)
+        if connect is not None:
+            connect()
+        t1 = time.monotonic()
+        transport.run(["true"], timeout=timeout)
+        t2 = time.monotonic()
+        before = time.time()
+        result = transport.run(["sh", "-c", probe_script(python)], timeout=timeout)
+        after = time.time()
+    except ClusterrunError as exc:
+        return NodeFacts(node, error=getattr(exc, "reason", None) or str(exc))
+    sections = parse_probe(node, result.stdout)
+    if not sections:
+        return NodeFacts(node, error=f"the probe printed nothing usable (exit {result.exit_code}): "
+                                     f"{result.tail(3) or 'no output'}")
+    clock = _CLOCK.search(result.stdout)
+    offset = float(clock.group(1)) - before - (t2 - t1) / 2 if clock else None
+    report: dict[str, object] = {}
+    py = sections.get("python")
+    if py is not None:
+        try:
+            report = json.loads(py.output.strip().splitlines()[-1]) if py.ok and py.output.strip() else {}
+        except ValueError:
+            report = {}
+    del after
+    return NodeFacts(node, sections, latency_ms=(t2 - t1) * 1000, connect_ms=(t1 - t0) * 1000,
+                     clock_offset_s=offset, python=report)
