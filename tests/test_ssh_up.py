@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
 
 import pytest
+from procs import marked_processes
 from simcluster import SimCluster
 from simjobs import run_clusterrun, start_clusterrun, status, the_run, write_inventory
 
@@ -203,3 +205,76 @@ def test_sync_dir_brings_sibling_modules_and_is_cached(sim_cluster: SimCluster, 
     second = run_clusterrun("up", str(inv), "--sync", str(code), str(code / "train.py"), "--runs-dir", "runs2",
                             cwd=tmp_path)
     assert second.returncode == 0 and "copied" not in second.stderr, second.stderr
+
+
+CLEANUP_ON_TERM = """
+import os, signal, sys, time
+def bye(*_):
+    print("rank", os.environ["RANK"], "cleaning up after SIGTERM", flush=True)
+    time.sleep(0.3)
+    sys.exit(3)
+signal.signal(signal.SIGTERM, bye)
+print("ready", os.environ["RANK"], flush=True)
+time.sleep(120)
+"""
+
+
+def _agent_of(run_id: str, node: str) -> int:
+    """The node agent of ``node``: the parent of that node's torchrun (the agent itself carries no marker)."""
+    for pid, cmd in marked_processes(run_id):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"CLUSTERRUN_NODE={node}".encode() in environ and "torch.distributed.run" in cmd:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            assert "import base64,zlib" in Path(f"/proc/{ppid}/cmdline").read_bytes().decode(errors="replace")
+            return ppid
+    raise AssertionError(f"no torchrun of {node} in run {run_id}")
+
+
+def test_broken_stream_logs_are_fetched_from_the_node(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """The agent on node1 dies: its stream breaks, but what its rank wrote afterwards still reaches runs/."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "job.py").write_text(CLEANUP_ON_TERM)
+    proc = start_clusterrun("up", str(inv), "job.py", cwd=tmp_path)
+    try:
+        _wait_for_lines(proc, 2, "ready")
+        run = the_run(tmp_path)
+        os.kill(_agent_of(run.name, "node1"), signal.SIGKILL)
+        _out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode not in (0, None), err
+    assert "collecting logs and checking for leftovers on node1" in err
+    log = (run / "node1" / "rank1.log").read_text()
+    # Written after the agent died (torchrun got SIGTERM and passed it on): only the node's log file had it.
+    assert "rank 1 cleaning up after SIGTERM" in log
+    assert log.count("ready 1") == 1  # lines the stream delivered are not fetched twice
+    notes = " ".join(status(run)["notes"])
+    assert "node1: its stream broke; fetched" in notes, notes
+    assert_nothing_left(sim_cluster, run.name, timeout=5)
+
+
+def test_partitioned_node_is_reported_and_its_watchdog_stops_the_job(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """node1 falls off the network mid-run: the run fails naming it, and node1's own agent stops the job there."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "sleep.py").write_text(SLEEPER)
+    proc = start_clusterrun("up", str(inv), "sleep.py", cwd=tmp_path)
+    try:
+        _wait_for_lines(proc, 2, "sleeping")
+        run = the_run(tmp_path)
+        sim_cluster.partition("node1")
+        _out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode not in (0, None), err
+    assert "node1" in err.split("first failure:")[1].splitlines()[0]
+    notes = " ".join(status(run)["notes"])
+    assert "node1: could not reach the node after its stream broke" in notes, notes
+    assert "torchrun/" in notes  # where the logs stayed
+    # Nothing of the run is left on node1 (its watchdog) nor on node0 (stopped by clusterrun): check, even
+    # before healing, from the root namespace (no PID namespaces here).
+    assert_nothing_left(sim_cluster, run.name, timeout=20)
+    sim_cluster.heal("node1")

@@ -83,7 +83,7 @@ _CLOCK = re.compile(r"^@@clusterrun-probe-clock (\d+(?:\.\d+)?)$", re.M)
 def probe_script(python: str, sections: Mapping[str, str] = SECTIONS) -> str:
     """The shell script that prints every section between markers (each tool under ``timeout``)."""
     lines = ["export LC_ALL=C",
-             "if command -v timeout >/dev/null 2>&1; then T='timeout %d'; else T=''; fi" % TOOL_TIMEOUT,
+             f"if command -v timeout >/dev/null 2>&1; then T='timeout {TOOL_TIMEOUT}'; else T=''; fi",
              "echo \"@@clusterrun-probe-clock $(date +%s.%N)\""]
     for name, command in {**sections, "python": f"{shlex.quote(python)} -c {shlex.quote(PYTHON_REPORT)}"}.items():
         first = command.split()[0]

@@ -14,7 +14,8 @@ then, until every process of it is gone:
 It is a child subreaper, so workers that torchrun started in their sessions stay its
 descendants even if torchrun dies, and every process carries ``CLUSTERRUN_RUN_ID`` in
 its environment: ``python node_agent.py sweep RUN_ID`` finds and stops anything of a
-run that is left, and ``ps RUN_ID`` lists it.
+run that is left, and ``ps RUN_ID`` lists it. ``collect SPEC`` does the sweep and then sends
+the rank log lines clusterrun did not receive (after a broken stream).
 """
 
 from __future__ import annotations
@@ -442,12 +443,62 @@ class Agent:
         return 0
 
 
+# ---------------------------------------------------------------- after a broken stream
+
+
+def collect(spec: dict) -> int:
+    """Stop what is left of a run on this node, then send what its rank logs hold beyond what clusterrun got.
+
+    ``spec``: run_id, node, grace, run_dir, rank_offset, max_bytes, and ``skip``: {"<rank>/<stream>": lines
+    already received}. Prints ``swept``, then one ``log`` event per rank file with the lines clusterrun lacks
+    (at most ``max_bytes`` from their end; ``skipped`` counts what was left out), then ``record`` (exit.json).
+    """
+    me = os.getpid()
+    exclude = {me, os.getppid()}
+    pids = stop_processes(lambda: marked(spec["run_id"], exclude, spec.get("node", "")), float(spec.get("grace", 2)))
+    emit({"ev": "swept", "pids": pids})
+    run_dir = os.path.expanduser(spec["run_dir"])
+    log_dir = os.path.join(run_dir, "torchrun")
+    skip = spec.get("skip", {})
+    limit = int(spec.get("max_bytes", 8 << 20))
+    for top, _dirs, names in sorted(os.walk(log_dir)) if os.path.isdir(log_dir) else ():
+        for name in sorted(names):
+            m = Tailer._PATH.search(os.path.join(top, name))
+            if not m:
+                continue
+            rank = int(spec.get("rank_offset", 0)) + int(m.group(2))
+            try:
+                with open(os.path.join(top, name), "rb") as fh:
+                    data = fh.read()
+            except OSError:
+                continue
+            lines = data.split(b"\n")
+            if lines and lines[-1] == b"":
+                lines.pop()
+            rest = lines[int(skip.get(f"{rank}/{m.group(3)}", 0)):]
+            size, keep = 0, len(rest)
+            while keep > 0 and size + len(rest[keep - 1]) + 1 <= limit:
+                keep -= 1
+                size += len(rest[keep]) + 1
+            skipped, rest = keep, rest[keep:]
+            emit({"ev": "log", "rank": rank, "stream": m.group(3), "skipped": skipped,
+                  "lines": [x.decode("utf-8", errors="replace").rstrip("\r") for x in rest]})
+    try:
+        with open(os.path.join(run_dir, "exit.json")) as fh:
+            emit({"ev": "record", "exit": json.load(fh)})
+    except (OSError, ValueError):
+        emit({"ev": "record", "exit": None})
+    return 0
+
+
 def main(argv: list) -> int:
     if len(argv) >= 2 and argv[0] == "run":
         spec = json.loads(base64.b64decode(argv[1]).decode())
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # only clusterrun's 'term'/'kill' stop the job
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a broken stream must not kill the agent
         return Agent(spec).run()
+    if len(argv) >= 2 and argv[0] == "collect":
+        return collect(json.loads(base64.b64decode(argv[1]).decode()))
     if len(argv) >= 2 and argv[0] in ("sweep", "ps"):
         me = os.getpid()
         exclude = {me, os.getppid()}
@@ -458,7 +509,7 @@ def main(argv: list) -> int:
         grace = float(argv[2]) if len(argv) > 2 else 2.0
         print(json.dumps({"pids": stop_processes(lambda: marked(argv[1], exclude, node), grace)}))
         return 0
-    sys.stderr.write("usage: node_agent.py run SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
+    sys.stderr.write("usage: node_agent.py run SPEC_B64 | collect SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
     return 2
 
 

@@ -58,11 +58,12 @@ class NodeOutcome:
     exit_code: int | None = None
     reason: str | None = None
     started: float | None = None
+    launched: float | None = None  # when the node's agent had started torchrun (the node's clock)
     ended: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"state": self.state.value, "exit_code": self.exit_code, "reason": self.reason,
-                "started": self.started, "ended": self.ended,
+                "started": self.started, "launched": self.launched, "ended": self.ended,
                 "ranks": {str(r): o.to_dict() for r, o in sorted(self.ranks.items())}}
 
 

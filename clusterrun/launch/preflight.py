@@ -1,8 +1,8 @@
 """Before anything starts: check every node in parallel, and stage the script where it is needed.
 
 One command per node, through the node's own python: it proves the interpreter exists and
-imports torch, creates the run directory, checks that the master port is free on rank 0, and
-reports which staged files the node's content cache lacks. Missing files are then copied
+has torch with torchrun (found, not imported: ``clusterrun doctor`` imports it), creates the
+run directory, checks that the master port is free on rank 0, and reports which staged files the node's content cache lacks. Missing files are then copied
 (only those: a second `up` of the same script copies nothing) and the node agent places them
 in the run directory. If any node fails, :class:`StartError` lists every problem and nothing
 is started anywhere.
@@ -33,12 +33,20 @@ _CHECK = r"""
 import json, os, socket, sys, base64
 spec = json.loads(base64.b64decode(sys.argv[1]))
 out = {"python": sys.version.split()[0], "executable": sys.executable, "problems": [], "missing": []}
-try:
-    import torch
-    out["torch"] = torch.__version__
-except Exception as exc:
-    out["problems"].append("python %s cannot import torch (%s: %s); install torch there or set `python` "
-                           "in the inventory to an environment that has it" % (sys.executable, type(exc).__name__, exc))
+# Find torch without importing it: an import costs seconds of CPU on every node at every launch.
+import importlib.util, importlib.metadata
+found = importlib.util.find_spec("torch")
+if found is None:
+    out["problems"].append("python %s has no torch; install torch there or set `python` in the inventory to "
+                           "an environment that has it" % sys.executable)
+elif not any(os.path.isfile(os.path.join(d, "distributed", "run.py")) for d in found.submodule_search_locations or ()):
+    out["problems"].append("torch at %s has no torch.distributed.run (torchrun); install a full torch build"
+                           % found.origin)
+else:
+    try:
+        out["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        out["torch"] = "unknown"
 for d in (spec["run_dir"], spec["cache"]):
     try:
         os.makedirs(os.path.expanduser(d), exist_ok=True)

@@ -66,6 +66,7 @@ class Supervisor:
         self._signals: list[int] = []
         self._stage = stage or {}
         self._last_heard: dict[str, float] = {}
+        self.received: dict[tuple[str, int, str], int] = {}  # lines per (node, rank, stdout|stderr)
         self.outcome = RunOutcome(
             run_id=plan.run_id, started=time.time(),
             nodes={n.name: NodeOutcome(n.name, {r: RankOutcome(r, r - n.rank_offset) for r in n.ranks})
@@ -131,9 +132,14 @@ class Supervisor:
         kind = event.get("ev")
         if kind == "pong":
             return
+        if kind == "started":
+            node.launched = event.get("time")
+            return
         if kind == "line":
             rank = int(event["rank"])
             text = event.get("text", "")
+            key = (name, rank, str(event.get("stream", "stdout")))
+            self.received[key] = self.received.get(key, 0) + 1
             self._log(name, rank).write(text + "\n")
             self.console.rank_line(name, rank, text)
         elif kind in ("launcher", "error", "stream_error"):

@@ -11,6 +11,7 @@ from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RunOutcome
 from clusterrun.launch.preflight import preflight, remove_archives
+from clusterrun.launch.recover import recover_lost
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
 from clusterrun.launch.transports import open_transports
 from clusterrun.plan import LaunchPlan
@@ -41,6 +42,8 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
                          f"logs in {run_dir.path}/")
             outcome = supervisor.run()
+            recover_lost(plan, transports, run_dir, outcome, supervisor.received, console,
+                         grace=supervisor.settings.grace, heartbeat_timeout=supervisor.settings.heartbeat_timeout)
         except StartError as exc:
             run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "not-started",
                                                "problems": exc.problems, "ended": time.time()})
