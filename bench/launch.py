@@ -157,11 +157,17 @@ class Bench:
 
     def run_clusterrun(self, n: int) -> dict:
         started, runs = self.fresh(f"cr{n}")
-        t0 = time.perf_counter()
+        t0, t0_wall = time.perf_counter(), time.time()
         p = popen(self.clusterrun_argv(n, "report.py", runs, str(started)), self.work, self.env)
         t = wait_lines(started, n, t0, [p], START_TIMEOUT)
         code = finish([p])[0]
-        return {"start_s": t, "total_s": time.perf_counter() - t0, "rc": code}
+        # When every node agent had started its torchrun (nodes share this machine's clock): the fan-out itself,
+        # without torch's import in torchrun and the worker.
+        launched = None
+        with contextlib.suppress(OSError, ValueError, StopIteration, TypeError):
+            status = json.loads(next(d for d in runs.iterdir() if d.is_dir()).joinpath("status.json").read_text())
+            launched = max(node["launched"] for node in status["nodes"].values()) - t0_wall
+        return {"start_s": t, "launched_s": launched, "total_s": time.perf_counter() - t0, "rc": code}
 
     def run_pdsh(self, n: int) -> dict:
         started, _ = self.fresh(f"pdsh{n}")
@@ -339,7 +345,7 @@ def main() -> int:
                 rows["pdsh"].append(bench.run_pdsh(n))
                 rows["ssh"].append(bench.run_ssh(n))
             result["launch"][n] = rows
-            print(f"N={n:3d}  " + "  ".join(
+            print(f"N={n:3d}  launched {fmt(med([r.get('launched_s') for r in rows['clusterrun']]))} s  " + "  ".join(
                 f"{k} {fmt(med([r['start_s'] for r in v]))} s" for k, v in rows.items()), flush=True)
         if not args.skip_extra:
             result["teardown"] = bench.teardown()
@@ -353,9 +359,11 @@ def main() -> int:
     base = med([r["start_s"] for r in result["launch"][counts[0]]["clusterrun"]]) if counts[0] == 1 else None
     print()
     print(f"time to every rank started (median of {args.repeat}, seconds; cluster of {size} simulated nodes)")
-    print(f"{'N':>4} | {'clusterrun':>10} | {'pdsh':>6} | {'ssh':>6} | {'cr - cr(N=1)':>12} | {'cr / pdsh':>9} | "
-          f"{'cr rc':>6} | {'cr total':>8}")
-    print("-" * 84)
+    print("  launched: every node agent has started torchrun (the fan-out: connect, preflight, copy, start);")
+    print("  ranks: every worker process has run its first line (adds torchrun's and the worker's torch import)")
+    print(f"{'N':>4} | {'launched':>8} | {'ranks':>6} | {'pdsh':>6} | {'ssh':>6} | {'launched / pdsh':>15} | "
+          f"{'cr - cr(N=1)':>12} | {'cr rc':>6}")
+    print("-" * 88)
     summary = {}
     for n in counts:
         rows = result["launch"][n]
@@ -365,10 +373,12 @@ def main() -> int:
         added = cr - base if cr is not None and base is not None else None
         ratio = cr / pd if cr is not None and pd else None
         rcs = ",".join(str(r["rc"]) for r in rows["clusterrun"])
-        total = med([r["total_s"] for r in rows["clusterrun"]])
-        summary[n] = {"clusterrun_s": cr, "pdsh_s": pd, "ssh_s": ss, "clusterrun_added_s": added, "ratio_vs_pdsh": ratio}
-        print(f"{n:>4} | {fmt(cr):>10} | {fmt(pd):>6} | {fmt(ss):>6} | {fmt(added, '+6.2f'):>12} | "
-              f"{fmt(ratio, '8.1f'):>8}x | {rcs:>6} | {fmt(total):>8}")
+        launched = med([r.get("launched_s") for r in rows["clusterrun"]])
+        fan = launched / pd if launched is not None and pd else None
+        summary[n] = {"clusterrun_s": cr, "launched_s": launched, "pdsh_s": pd, "ssh_s": ss,
+                      "clusterrun_added_s": added, "ratio_vs_pdsh": ratio, "launched_vs_pdsh": fan}
+        print(f"{n:>4} | {fmt(launched):>8} | {fmt(cr):>6} | {fmt(pd):>6} | {fmt(ss):>6} | {fmt(fan, '14.1f'):>14}x | "
+              f"{fmt(added, '+6.2f'):>12} | {rcs:>6}")
     result["summary"] = summary
     if "teardown" in result:
         td = result["teardown"]

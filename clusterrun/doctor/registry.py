@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Options:
     master_port: int | None = None  # default: the inventory's
-    bandwidth_seconds: float = 3.0
+    bandwidth_seconds: float = 2.0  # per direction of each pair
+    bandwidth_rounds: int = 3  # rounds of the tournament measured (0: all); 2+ rounds tell a slow node from a slow pair
+    bandwidth_tool: str = "auto"  # iperf3 where every node has it, else builtin
     ping_count: int = 3
     allreduce_mib: int = 16
     allreduce_timeout: float = 120.0

@@ -1,0 +1,123 @@
+"""The small network probes doctor runs on the nodes (standard library only), and how to talk to them.
+
+``python -c SOURCE listen ADDR PORT SECONDS``: listen on ADDR:PORT (0: any free port), print
+``LISTENING <port>``, then for each connection print ``RECEIVED <bytes> <seconds>`` once its sender is
+done; it stops after SECONDS or when its stdin closes (the orchestrator went away).
+``send ADDR PORT SECONDS``: connect and send as fast as possible for SECONDS; prints ``SENT <bytes>``.
+``connect ADDR PORT TIMEOUT``: one TCP connect; prints ``CONNECTED`` or ``FAILED <reason>``.
+The receiver's count over the receiver's time is the measure: a sender's count includes what is
+still in socket buffers.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from clusterrun.transport.base import Stream
+
+SOURCE = r'''
+import socket, sys, threading, time, os
+mode = sys.argv[1]
+if mode == "listen":
+    addr, port, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    srv = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        srv.bind((addr, port))
+    except OSError as exc:
+        print("FAILED %s" % (exc.strerror or exc), flush=True)
+        sys.exit(1)
+    srv.listen(64)
+    print("LISTENING %d" % srv.getsockname()[1], flush=True)
+    def watch():
+        sys.stdin.read()
+        os._exit(0)
+    threading.Thread(target=watch, daemon=True).start()
+    def serve(conn):
+        total, first, last = 0, None, None
+        conn.settimeout(seconds)
+        try:
+            while True:
+                data = conn.recv(1 << 20)
+                if not data:
+                    break
+                now = time.monotonic()
+                first = first or now
+                last = now
+                total += len(data)
+        except OSError:
+            pass
+        conn.close()
+        if total:
+            print("RECEIVED %d %.6f" % (total, (last - first) if last and first and last > first else 0.0), flush=True)
+    srv.settimeout(0.5)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            conn, _ = srv.accept()
+        except socket.timeout:
+            continue
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+    os._exit(0)
+elif mode == "send":
+    addr, port, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    s = socket.create_connection((addr, port), timeout=5)
+    buf = b"\0" * (1 << 20)
+    total, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        total += s.send(buf)
+    s.shutdown(socket.SHUT_WR)
+    s.settimeout(10)
+    try:
+        s.recv(1)
+    except OSError:
+        pass
+    print("SENT %d" % total, flush=True)
+elif mode == "connect":
+    addr, port, timeout = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    try:
+        socket.create_connection((addr, port), timeout=timeout).close()
+        print("CONNECTED", flush=True)
+    except OSError as exc:
+        print("FAILED %s" % ("timed out after %gs" % timeout if isinstance(exc, socket.timeout) else exc.strerror or exc),
+              flush=True)
+'''
+
+
+def argv(python: str, *args: object) -> list[str]:
+    return [python, "-c", SOURCE, *(str(a) for a in args)]
+
+
+class LineReader:
+    """Read a stream's lines on a thread, so the caller can wait for one with a timeout."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True, name="probe-reader").start()
+
+    def _pump(self) -> None:
+        try:
+            for line in self.stream.lines():
+                self._lines.put(line)
+        except Exception:  # a broken stream ends the reading; the caller sees None
+            pass
+        self._lines.put(None)
+
+    def next(self, timeout: float) -> str | None:
+        """The next line, or None at the end of the stream or after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        try:
+            return self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return None
+
+    def wait_for(self, prefix: str, timeout: float) -> str | None:
+        """The first line starting with ``prefix`` (or ``FAILED``), within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.next(deadline - time.monotonic())
+            if line is None or line.startswith((prefix, "FAILED")):
+                return line
