@@ -27,6 +27,8 @@ EXIT_COULD_NOT_START = 125
 EXIT_USAGE = 2
 #: Exit code after Ctrl-C (128 + SIGINT), the shell convention.
 EXIT_INTERRUPTED = 130
+#: The job ran past its time limit (as timeout(1) reports it).
+EXIT_TIMEOUT = 124
 
 
 class ClusterrunError(Exception):

@@ -23,7 +23,7 @@ def write_inventory(cluster: SimCluster, path: Path, nodes: int, *, nproc: int =
         f"  ssh: {{config_file: {cluster.ssh_config}, known_hosts: {cluster.known_hosts},",
         f"        host_key_policy: strict, connect_timeout: {connect_timeout}}}",
         # The nodes share this machine's filesystem: its interpreter has torch (a node's PATH python does not).
-        f"  python: {sys.executable}",
+        f"  python: {python or sys.executable}",
         f"  nproc_per_node: {nproc}",
         f"network: {{data: '{data or cluster.data_subnet}'}}",
         "nodes:",

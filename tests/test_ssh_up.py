@@ -155,8 +155,7 @@ def test_interrupting_the_orchestrator_leaves_nothing(sim_cluster: SimCluster, t
 
 @pytest.mark.parametrize("fault", ["sshd-down", "blackholed", "wrong-python"])
 def test_unreachable_node_starts_nothing_anywhere(sim_cluster: SimCluster, tmp_path: Path, fault: str) -> None:
-    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 3,
-                          python="/nonexistent/bin/python" if fault == "wrong-python" else None)
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 3)
     if fault == "wrong-python":
         text = inv.read_text().replace("  - name: node2\n", "  - name: node2\n    python: /nonexistent/bin/python\n")
         inv.write_text(text)

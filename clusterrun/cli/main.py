@@ -16,6 +16,7 @@ from clusterrun import __version__
 #: command name -> (module, attribute, one-line help shown by `clusterrun --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "up": ("clusterrun.cli.up_cmd", "up", "Start a training script on every node with torchrun and supervise it."),
+    "doctor": ("clusterrun.cli.doctor_cmd", "doctor", "Check every node and the network between them; say what to fix."),
     "plan": ("clusterrun.cli.plan_cmd", "plan", "Show exactly what `up` would run on each node, without running it."),
     "check": ("clusterrun.cli.check_cmd", "check", "Validate an inventory file and report every problem with its line."),
     "schema": ("clusterrun.cli.schema_cmd", "schema", "Print the inventory's JSON Schema (for editor completion)."),

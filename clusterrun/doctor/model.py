@@ -8,10 +8,10 @@ from typing import Any
 
 
 class Verdict(str, enum.Enum):
-    """Ordered by severity: a check's verdict is the worst of its findings'."""
+    """Ordered by severity (skip < pass < warn < fail): a check's verdict is the worst of its findings'."""
 
-    passed = "pass"
     skipped = "skip"
+    passed = "pass"
     warned = "warn"
     failed = "fail"
 
@@ -20,7 +20,7 @@ class Verdict(str, enum.Enum):
         return _SEVERITY[self]
 
 
-_SEVERITY = {Verdict.passed: 0, Verdict.skipped: 1, Verdict.warned: 2, Verdict.failed: 3}
+_SEVERITY = {Verdict.skipped: 0, Verdict.passed: 1, Verdict.warned: 2, Verdict.failed: 3}
 
 
 class Scope(str, enum.Enum):
@@ -66,5 +66,5 @@ class Finding:
 
 
 def worst(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Verdict:
-    """The most severe verdict; ``pass`` for none."""
-    return max(verdicts, key=lambda v: v.severity, default=Verdict.passed)
+    """The most severe verdict; ``skip`` for none."""
+    return max(verdicts, key=lambda v: v.severity, default=Verdict.skipped)

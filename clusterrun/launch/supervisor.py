@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any
 
-from clusterrun.errors import ClusterrunError, StartError
+from clusterrun.errors import EXIT_TIMEOUT, ClusterrunError, StartError
 from clusterrun.launch.agent_cmd import agent_spec, run_argv
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
@@ -44,6 +44,7 @@ class SupervisorSettings:
     stop_timeout: float = 10.0  # after asking nodes to stop, how long to wait before giving up on them
     start_timeout: float = 60.0  # for starting the agent on every node
     queue_size: int = 10_000  # events in flight; readers block beyond this (bounded memory)
+    timeout: float | None = None  # the whole job: past this many seconds it is stopped and fails (exit 124)
 
 
 class Supervisor:
@@ -258,7 +259,8 @@ class Supervisor:
         return self.outcome
 
     def _loop(self) -> None:
-        next_beat = time.monotonic() + self.settings.heartbeat_interval
+        started = time.monotonic()
+        next_beat = started + self.settings.heartbeat_interval
         while len(self._ended) < len(self._streams):
             try:
                 name, event = self._events.get(timeout=0.1)
@@ -273,6 +275,10 @@ class Supervisor:
                     if name not in self._ended:
                         stream.send("ping\n")
             self._check_silent(now)
+            if self.settings.timeout and self._stop_sent_at is None and now - started > self.settings.timeout:
+                first = self.plan.nodes[0].name
+                self._fail(Failure(first, None, EXIT_TIMEOUT, None, f"the job ran past its {self.settings.timeout:g}s "
+                                                                    "time limit"))
             if self._stop_sent_at is not None and now - self._stop_sent_at > self.settings.stop_timeout:
                 self._give_up()
                 return

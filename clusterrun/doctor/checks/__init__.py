@@ -1,1 +1,9 @@
-"""Doctor checks; importing this package registers all of them."""
+"""Doctor checks; importing this package registers all of them, in the order reports show them."""
+
+import importlib
+
+#: Check modules in report order: facts of one node, then across nodes, then traffic between them.
+MODULES = ("node", "nics", "gpu", "rdma", "limits", "net", "cluster")
+
+for _module in MODULES:
+    importlib.import_module(f"{__name__}.{_module}")

@@ -87,7 +87,7 @@ def _has_tool(ctx: Context, node: str, tool: str) -> bool:
 # ------------------------------------------------------------------------------------------- ping
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity
 class PingOutcome:
     net: Network
     src: Endpoint
@@ -244,8 +244,9 @@ def _iperf(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float) -> Transf
     stream.abort()
     if port is None:
         return Transfer(src.node, dst.node, None, "iperf3", err, ())
-    server = ctx.transports[dst.node].start(["timeout", str(int(seconds + 30)), "iperf3", "-s", "-1", "-p", str(port),
-                                             "-B", dst.address])
+    # --forceflush: without a terminal iperf3 holds "Server listening" back until it exits.
+    server = ctx.transports[dst.node].start(["timeout", str(int(seconds + 30)), "iperf3", "-s", "-1", "--forceflush",
+                                             "-p", str(port), "-B", dst.address])
     sreader = netprobe.LineReader(server)
     try:
         if sreader.wait_for("Server listening", 15) is None:

@@ -1,0 +1,120 @@
+"""`clusterrun doctor`: prove the cluster can train before it trains."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def _names(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def _this_machine() -> Any:
+    import socket
+
+    from clusterrun.inventory.models import Inventory
+
+    return Inventory.model_validate({"defaults": {"transport": "local"},
+                                     "nodes": [{"name": socket.gethostname() or "localhost", "host": "127.0.0.1"}]})
+
+
+def _list_checks() -> None:
+    from clusterrun.doctor.registry import all_checks
+
+    for c in all_checks().values():
+        needs = f" (needs {c.needs})" if c.needs else ""
+        kind = "runs traffic" if c.active else "reads facts"
+        click.echo(f"{c.name:20s} {c.scope.value:8s} {kind:13s} {c.title}{needs}")
+
+
+@click.command(epilog="""\b
+Examples:
+  clusterrun doctor cluster.yaml
+  clusterrun doctor cluster.yaml --checks net,cluster     # network and all-reduce only
+  clusterrun doctor cluster.yaml --skip net.bandwidth --json > report.json
+  clusterrun doctor                                        # this machine alone
+  clusterrun doctor --list
+
+Exit code: 0 when every check passed (or did not apply), 3 when there are warnings
+but no failure, 1 when a check failed, 2 for bad input. The whole report, with the
+commands run and their output, is saved in runs/doctor-<time>/.""")
+@click.argument("inventory", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--checks", "only", metavar="NAMES", help="Run only these checks or groups, e.g. net,gpu.busy.")
+@click.option("--skip", metavar="NAMES", help="Skip these checks or groups, e.g. net.bandwidth,cluster.")
+@click.option("--list", "list_checks", is_flag=True, help="List every check and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON on stdout.")
+@click.option("-v", "--verbose", is_flag=True, help="Also list every passing finding.")
+@click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
+              help="Where the report directory doctor-<time>/ goes.")
+@click.option("--master-port", type=click.IntRange(1, 65535), help="Port to test on rank 0 (default: the inventory's).")
+@click.option("--bandwidth-seconds", type=click.FloatRange(0.5, 60), default=2.0, show_default=True,
+              help="Length of each bandwidth transfer (per direction of a pair).")
+@click.option("--bandwidth-rounds", type=click.IntRange(0, 1000), default=3, show_default=True,
+              help="Rounds of pairs to measure (0: every pair). Two or more tell a slow node from a slow pair.")
+@click.option("--bandwidth-tool", type=click.Choice(["auto", "iperf3", "builtin"]), default="auto", show_default=True,
+              help="auto: iperf3 where every node has it, else a built-in TCP probe.")
+@click.option("--allreduce-mib", type=click.FloatRange(0.001, 4096), default=16.0, show_default=True,
+              help="Size of the all-reduce smoke test.")
+@click.option("--timeout", type=click.FloatRange(5, 3600), default=120.0, show_default=True, metavar="SECONDS",
+              help="Time limit of the all-reduce smoke test (it fails, not hangs).")
+def doctor(inventory: Path | None, only: str | None, skip: str | None, list_checks: bool, as_json: bool,
+           verbose: bool, runs_dir: Path, master_port: int | None, bandwidth_seconds: float, bandwidth_rounds: int,
+           bandwidth_tool: str, allreduce_mib: float, timeout: float) -> int:
+    """Check that every node of INVENTORY can take part in training, and say what to fix.
+
+    doctor SSHes into every node at once and checks reachability, OS, python/torch and their
+    versions, GPUs (present, same model, busy, ECC), topology, NICs (present, up, address, MTU),
+    InfiniBand/RoCE ports, limits (memlock, /dev/shm, open files), clock skew and leftover NCCL
+    settings; then pings every pair on each network (round-robin, N-1 rounds), measures
+    bandwidth on the data network, tests the master port, and runs a real all-reduce through
+    the same launch path as `up`. Without INVENTORY it checks this machine alone.
+    """
+    from clusterrun.doctor.registry import Options, select
+    from clusterrun.errors import UsageError
+
+    if list_checks:
+        _list_checks()
+        return 0
+    try:
+        checks = select(_names(only), _names(skip))
+    except ValueError as exc:
+        raise UsageError(f"--checks/--skip: {exc}") from None
+    if not checks:
+        raise UsageError("--checks/--skip: no check left to run")
+    if inventory is None:
+        inv = _this_machine()
+    else:
+        from clusterrun.inventory.yaml_source import load_inventory
+
+        inv = load_inventory(inventory)
+    options = Options(master_port=master_port, bandwidth_seconds=bandwidth_seconds, bandwidth_rounds=bandwidth_rounds,
+                      bandwidth_tool=bandwidth_tool, allreduce_mib=allreduce_mib, allreduce_timeout=timeout)
+    report_dir = runs_dir / f"doctor-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while report_dir.exists():
+        n += 1
+        report_dir = runs_dir / f"doctor-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
+    from clusterrun.doctor.run import run_doctor
+
+    interactive = sys.stderr.isatty() and not as_json
+    if interactive:
+        from rich.console import Console
+
+        with Console(stderr=True).status("doctor: starting") as status:
+            report = run_doctor(inv, checks, options, report_dir, lambda m: status.update(f"doctor: {m}"))
+    else:
+        report = run_doctor(inv, checks, options, report_dir, lambda m: click.echo(f"clusterrun: doctor: {m}", err=True))
+    if as_json:
+        import json
+
+        click.echo(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        from clusterrun.doctor.render import print_report
+
+        print_report(report, sys.stdout, verbose=verbose)
+    return report.exit_code

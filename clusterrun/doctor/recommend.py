@@ -1,0 +1,54 @@
+"""The settings doctor recommends from what it found: the data network, and each node's NIC and HCAs there."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from clusterrun.doctor.checks.net import Network, networks
+from clusterrun.doctor.model import Finding, Verdict
+from clusterrun.doctor.registry import Context
+
+
+def _broken(findings: list[Finding], check: str) -> set[tuple[str | None, str | None]]:
+    return {(f.node, f.subject) for f in findings if f.check == check and f.verdict is Verdict.failed}
+
+
+def choose_network(ctx: Context, findings: list[Finding]) -> tuple[Network | None, str]:
+    """The data network to use: the planned one if its pings passed, else another network on which they did."""
+    nets = networks(ctx)
+    failed = {f.subject for f in findings if f.check == "net.ping" and f.verdict is Verdict.failed}
+    bad_nics = _broken(findings, "net.ping")
+
+    def healthy(net: Network) -> bool:
+        return net.subnet not in failed and not any((ep.node, ep.nic) in bad_nics for ep in net.members.values())
+
+    for net in nets:  # data network first
+        if healthy(net):
+            why = "the planned data network, and every pair answered" if net.data else \
+                "every pair answered on it (the planned data network did not pass)"
+            return net, why
+    return None, "no network passed the pairwise ping"
+
+
+def recommend(ctx: Context, findings: list[Finding]) -> str:
+    """An inventory snippet to paste (comments say where each value came from); empty when nothing is known."""
+    if len(ctx.inventory.nodes) < 2 or not networks(ctx):
+        return ""  # one node, or no NIC known: nothing to recommend from evidence
+    net, why = choose_network(ctx, findings)
+    if net is None:
+        return f"# {why}: fix the NICs named above, then run doctor again\n"
+    bad_ports = _broken(findings, "ib.port")
+    prefix = ipaddress.ip_network(net.subnet).prefixlen
+    lines = [f"network:\n  data: {net.subnet}   # {why}", "nodes:"]
+    for node in ctx.inventory.nodes:
+        ep = net.members.get(node.name)
+        if ep is None:
+            lines.append(f"  - name: {node.name}   # not on {net.subnet} (unreachable or no NIC there)")
+            continue
+        hcas = [f"{nic.hca}:{nic.port}" for nic in node.nics
+                if nic.kind.is_rdma and nic.hca and (node.name, nic.name) not in bad_ports
+                and (node.name, f"{nic.hca}/{nic.port}") not in bad_ports]
+        env = f"NCCL_SOCKET_IFNAME={ep.nic}" + (f", NCCL_IB_HCA={','.join(hcas)}" if hcas else "")
+        lines.append(f"  - name: {node.name}   # {env}")
+        lines.append(f"    nics: [{{name: {ep.nic}, ip: {ep.address}/{prefix}}}]")
+    return "\n".join(lines) + "\n"

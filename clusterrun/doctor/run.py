@@ -1,0 +1,71 @@
+"""Run doctor: probe every node in parallel, run the chosen checks, build and save the report."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from clusterrun.doctor.facts import NodeFacts
+from clusterrun.doctor.model import Finding, Verdict
+from clusterrun.doctor.probe import probe_node
+from clusterrun.doctor.recommend import recommend
+from clusterrun.doctor.registry import Check, Context, Options
+from clusterrun.doctor.report import Report
+from clusterrun.inventory.models import Inventory
+from clusterrun.inventory.models import Transport as TransportKind
+from clusterrun.transport.base import Transport
+from clusterrun.transport.local import LocalTransport
+
+
+def open_transports(inv: Inventory) -> dict[str, Transport]:
+    transports: dict[str, Transport] = {}
+    for node in inv.nodes:
+        if inv.transport_of(node) is TransportKind.local:
+            transports[node.name] = LocalTransport(node.name)
+        else:
+            from clusterrun.transport.ssh import SshTransport
+
+            transports[node.name] = SshTransport(node.name, node.host, inv.ssh_of(node))
+    return transports
+
+
+def probe_all(inv: Inventory, transports: dict[str, Transport]) -> dict[str, NodeFacts]:
+    with ThreadPoolExecutor(max_workers=min(64, len(inv.nodes)), thread_name_prefix="probe") as pool:
+        futures = {n.name: pool.submit(probe_node, n.name, inv.python_of(n), transports[n.name]) for n in inv.nodes}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def run_check(check: Check, ctx: Context) -> list[Finding]:
+    """A check's findings; a check that raises is reported as a failure of clusterrun, not a crash of doctor."""
+    try:
+        found = list(check.run(ctx))
+    except Exception as exc:  # a bug in a check must not hide the other checks' results
+        tb = traceback.format_exc(limit=4)
+        return [Finding(check.name, Verdict.failed, f"the check itself failed: {type(exc).__name__}: {exc}",
+                        hint="this is a clusterrun bug; please report it with report.json", data={"traceback": tb})]
+    return found or [Finding(check.name, Verdict.skipped, "nothing to check")]
+
+
+def run_doctor(inv: Inventory, checks: list[Check], options: Options, report_dir: Path,
+               progress: Callable[[str], None] = lambda _m: None) -> Report:
+    report = Report(nodes=[n.name for n in inv.nodes], checks=checks, started=time.time())
+    t0 = time.monotonic()
+    transports = open_transports(inv)
+    try:
+        progress(f"probing {len(inv.nodes)} node(s)")
+        report.facts = probe_all(inv, transports)
+        ctx = Context(inv, report.facts, options, transports, report_dir, progress)
+        for check in sorted(checks, key=lambda c: c.active):  # facts-only checks first: they take no time
+            if check.active:
+                progress(check.title)
+            report.findings += run_check(check, ctx)
+        report.recommended = recommend(ctx, report.findings)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    report.duration = time.monotonic() - t0
+    report.save(report_dir)
+    return report
