@@ -62,9 +62,11 @@ commands run and their output, is saved in runs/doctor-<time>/.""")
               help="Size of the all-reduce smoke test.")
 @click.option("--timeout", type=click.FloatRange(5, 3600), default=120.0, show_default=True, metavar="SECONDS",
               help="Time limit of the all-reduce smoke test (it fails, not hangs).")
+@click.option("--path", "tool_path", metavar="DIRS",
+              help="Directories (colon-separated) searched first for tools on the nodes, e.g. a perftest build.")
 def doctor(inventory: Path | None, only: str | None, skip: str | None, list_checks: bool, as_json: bool,
            verbose: bool, runs_dir: Path, master_port: int | None, bandwidth_seconds: float, bandwidth_rounds: int,
-           bandwidth_tool: str, allreduce_mib: float, timeout: float) -> int:
+           bandwidth_tool: str, allreduce_mib: float, timeout: float, tool_path: str | None) -> int:
     """Check that every node of INVENTORY can take part in training, and say what to fix.
 
     doctor SSHes into every node at once and checks reachability, OS, python/torch and their
@@ -93,7 +95,8 @@ def doctor(inventory: Path | None, only: str | None, skip: str | None, list_chec
 
         inv = load_inventory(inventory)
     options = Options(master_port=master_port, bandwidth_seconds=bandwidth_seconds, bandwidth_rounds=bandwidth_rounds,
-                      bandwidth_tool=bandwidth_tool, allreduce_mib=allreduce_mib, allreduce_timeout=timeout)
+                      bandwidth_tool=bandwidth_tool, allreduce_mib=allreduce_mib, allreduce_timeout=timeout,
+                      path=tuple(d for d in (tool_path or "").split(":") if d))
     report_dir = runs_dir / f"doctor-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1
     while report_dir.exists():

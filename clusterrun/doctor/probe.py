@@ -80,9 +80,14 @@ _SECTION = re.compile(r"^@@clusterrun-probe-begin (\S+)\n(.*?)^@@clusterrun-prob
 _CLOCK = re.compile(r"^@@clusterrun-probe-clock (\d+(?:\.\d+)?)$", re.M)
 
 
-def probe_script(python: str, sections: Mapping[str, str] = SECTIONS) -> str:
+def path_prefix(path: tuple[str, ...]) -> str:
+    """Shell words that put ``path`` (extra tool directories, ``doctor --path``) before the node's PATH."""
+    return f"PATH={shlex.quote(':'.join(path))}:\"$PATH\"; export PATH; " if path else ""
+
+
+def probe_script(python: str, sections: Mapping[str, str] = SECTIONS, path: tuple[str, ...] = ()) -> str:
     """The shell script that prints every section between markers (each tool under ``timeout``)."""
-    lines = ["export LC_ALL=C",
+    lines = [path_prefix(path) + "export LC_ALL=C",
              f"if command -v timeout >/dev/null 2>&1; then T='timeout {TOOL_TIMEOUT}'; else T=''; fi",
              "echo \"@@clusterrun-probe-clock $(date +%s.%N)\""]
     for name, command in {**sections, "python": f"{shlex.quote(python)} -c {shlex.quote(PYTHON_REPORT)}"}.items():
@@ -105,7 +110,8 @@ def parse_probe(node: str, text: str, sections: Mapping[str, str] = SECTIONS) ->
     return out
 
 
-def probe_node(node: str, python: str, transport: Transport, timeout: float = PROBE_TIMEOUT) -> NodeFacts:
+def probe_node(node: str, python: str, transport: Transport, timeout: float = PROBE_TIMEOUT,
+               path: tuple[str, ...] = ()) -> NodeFacts:
     """Probe one node. Never raises for node problems: they come back in ``NodeFacts.error``."""
     try:
         t0 = time.monotonic()
@@ -116,8 +122,7 @@ def probe_node(node: str, python: str, transport: Transport, timeout: float = PR
         transport.run(["true"], timeout=timeout)
         t2 = time.monotonic()
         before = time.time()
-        result = transport.run(["sh", "-c", probe_script(python)], timeout=timeout)
-        after = time.time()
+        result = transport.run(["sh", "-c", probe_script(python, path=path)], timeout=timeout)
     except ClusterrunError as exc:
         return NodeFacts(node, error=getattr(exc, "reason", None) or str(exc))
     sections = parse_probe(node, result.stdout)
@@ -133,6 +138,5 @@ def probe_node(node: str, python: str, transport: Transport, timeout: float = PR
             report = json.loads(py.output.strip().splitlines()[-1]) if py.ok and py.output.strip() else {}
         except ValueError:
             report = {}
-    del after
     return NodeFacts(node, sections, latency_ms=(t2 - t1) * 1000, connect_ms=(t1 - t0) * 1000,
                      clock_offset_s=offset, python=report)

@@ -32,7 +32,9 @@ class Options:
     ping_count: int = 3
     allreduce_mib: int = 16
     allreduce_timeout: float = 120.0
-    busy_memory_mib: int = 1024  # a GPU using more than this before we start is busy
+    busy_memory_mib: int = 1024
+    path: tuple[str, ...] = ()  # extra directories for tools on the nodes (perftest, infiniband-diags outside PATH)
+    ib_seconds: float = 3.0  # each ib_write_bw run (-D)  # a GPU using more than this before we start is busy
 
 
 @dataclass

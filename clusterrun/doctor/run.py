@@ -32,9 +32,10 @@ def open_transports(inv: Inventory) -> dict[str, Transport]:
     return transports
 
 
-def probe_all(inv: Inventory, transports: dict[str, Transport]) -> dict[str, NodeFacts]:
+def probe_all(inv: Inventory, transports: dict[str, Transport], path: tuple[str, ...] = ()) -> dict[str, NodeFacts]:
     with ThreadPoolExecutor(max_workers=min(64, len(inv.nodes)), thread_name_prefix="probe") as pool:
-        futures = {n.name: pool.submit(probe_node, n.name, inv.python_of(n), transports[n.name]) for n in inv.nodes}
+        futures = {n.name: pool.submit(probe_node, n.name, inv.python_of(n), transports[n.name], path=path)
+                   for n in inv.nodes}
         return {name: f.result() for name, f in futures.items()}
 
 
@@ -56,7 +57,7 @@ def run_doctor(inv: Inventory, checks: list[Check], options: Options, report_dir
     transports = open_transports(inv)
     try:
         progress(f"probing {len(inv.nodes)} node(s)")
-        report.facts = probe_all(inv, transports)
+        report.facts = probe_all(inv, transports, options.path)
         ctx = Context(inv, report.facts, options, transports, report_dir, progress)
         for check in sorted(checks, key=lambda c: c.active):  # facts-only checks first: they take no time
             if check.active:

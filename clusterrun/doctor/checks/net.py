@@ -69,14 +69,14 @@ def networks(ctx: Context) -> list[Network]:
     return sorted(nets, key=lambda n: (not n.data, n.subnet))
 
 
-def _parallel(jobs: list[Callable[[], T]], limit: int = 64) -> list[T]:
+def parallel(jobs: list[Callable[[], T]], limit: int = 64) -> list[T]:
     if not jobs:
         return []
     with ThreadPoolExecutor(max_workers=min(limit, len(jobs)), thread_name_prefix="doctor") as pool:
         return list(pool.map(lambda job: job(), jobs))
 
 
-def _has_tool(ctx: Context, node: str, tool: str) -> bool:
+def has_tool(ctx: Context, node: str, tool: str) -> bool:
     for line in (ctx.facts[node].output("tools") or "").splitlines():
         name, _, path = line.partition(" ")
         if name == tool:
@@ -125,7 +125,7 @@ def pairwise_ping(ctx: Context) -> Iterator[Finding]:
         yield Finding("net.ping", Verdict.skipped, "no network with two or more nodes whose NICs and addresses are "
                                                    "known (list `nics` with `ip` in the inventory)")
         return
-    without = [n.name for n in ctx.reachable() if not _has_tool(ctx, n.name, "ping")]
+    without = [n.name for n in ctx.reachable() if not has_tool(ctx, n.name, "ping")]
     if without:
         yield Finding("net.ping", Verdict.skipped, f"ping is not installed on {', '.join(without)}; pairs from "
                       "there are not tested", hint="install iputils-ping", data={"nodes": without})
@@ -141,7 +141,7 @@ def pairwise_ping(ctx: Context) -> Iterator[Finding]:
                     for s, d in ((a, b), (b, a)):
                         if s not in without:
                             jobs.append(lambda net=net, s=s, d=d: _ping(ctx, net, net.members[s], net.members[d]))
-        outcomes += _parallel(jobs)
+        outcomes += parallel(jobs)
     yield from _judge_pings(nets, outcomes)
 
 
@@ -283,7 +283,7 @@ def bandwidth(ctx: Context) -> Iterator[Finding]:
     rounds = round_robin(nodes)[: ctx.options.bandwidth_rounds or None]
     tool = ctx.options.bandwidth_tool
     if tool == "auto":
-        tool = "iperf3" if all(_has_tool(ctx, n, "iperf3") for n in nodes) else "builtin"
+        tool = "iperf3" if all(has_tool(ctx, n, "iperf3") for n in nodes) else "builtin"
     measure = _iperf if tool == "iperf3" else _builtin
     seconds = ctx.options.bandwidth_seconds
     transfers: list[Transfer] = []
@@ -292,7 +292,7 @@ def bandwidth(ctx: Context) -> Iterator[Finding]:
         for direction in (0, 1):  # both ways, one direction at a time: each NIC's send and receive side
             jobs = [(lambda s=s, d=d: measure(ctx, data.members[s], data.members[d], seconds))
                     for a, b in pairs for s, d in ((a, b), (b, a))[direction:direction + 1]]
-            transfers += _parallel(jobs)
+            transfers += parallel(jobs)
     yield from _judge_bandwidth(ctx, data, transfers, tool)
 
 
@@ -377,7 +377,7 @@ def master_port(ctx: Context) -> Iterator[Finding]:
             except ClusterrunError as exc:
                 return node, f"FAILED {getattr(exc, 'reason', exc)}"
 
-        results = _parallel([lambda n=n.name: connect(n) for n in reachable[1:]])
+        results = parallel([lambda n=n.name: connect(n) for n in reachable[1:]])
     finally:
         stream.abort()
     bad = [(n, r) for n, r in results if not r.startswith("CONNECTED")]
