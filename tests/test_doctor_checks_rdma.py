@@ -12,12 +12,10 @@ from typing import Any
 import pytest
 
 import clusterrun.doctor.checks.rdma  # noqa: F401  (registers the checks)
-from clusterrun.doctor.checks.rdma import parse_devinfo
 from clusterrun.doctor.facts import MISSING, NodeFacts, Section
 from clusterrun.doctor.model import Finding, Scope, Verdict
 from clusterrun.doctor.probe import SECTIONS
 from clusterrun.doctor.registry import CHECKS, Context
-from clusterrun.errors import ParseError
 from clusterrun.inventory.models import Inventory
 
 IBSTAT = Path(__file__).parent / "fixtures" / "real" / "ibstat"
@@ -235,18 +233,6 @@ def test_node_without_rdma_nics_is_skipped_and_unreachable_nodes_are_silent() ->
     skipped = one(findings)
     assert (skipped.verdict, skipped.node) == (Verdict.skipped, "cpu01")
     assert "no InfiniBand/RoCE NICs listed (but mlx5_0/1 active on the node)" in skipped.summary
-
-
-def test_lenient_devinfo_keeps_only_port_sections_of_real_verbose_output() -> None:
-    text = real("ibv_devinfo_vv_roce_bond_cx6dx.txt")
-    with pytest.raises(ParseError):  # the strict parser stops at the capability lines
-        from clusterrun.doctor.parsers import ibstat
-
-        ibstat.parse_devinfo(text)
-    port = parse_devinfo(text).port("mlx5_bond_0", 1)
-    assert port is not None and port.rate_gbps == 100 and len(port.gids) == 4
-    with pytest.raises(ParseError, match="hca_id"):
-        parse_devinfo(real("ibv_devinfo_v_roce_gid_fragment.txt"))
 
 
 # --- roce.gid ------------------------------------------------------------------------------------------------------

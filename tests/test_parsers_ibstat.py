@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,80 @@ def test_fragment_without_hca_id_is_not_ibv_devinfo_output() -> None:
 
     assert err.value.lineno == 1
     assert err.value.tool == "ibv_devinfo"
+
+
+CX6DX = "ibv_devinfo_vv_roce_bond_cx6dx.txt"  # real `ibv_devinfo -vv`, device capability lines and all
+
+
+@pytest.mark.parametrize(
+    "text",
+    [fixture(CX6DX), fixture(CX6DX).expandtabs()],
+    ids=["as-recorded", "tabs-as-spaces"],  # the second: the recording as a copy-paste that turned tabs into spaces
+)
+@pytest.mark.parametrize(
+    ("what", "read", "expected"),
+    [
+        ("device names", lambda d: [c.name for c in d.cas], ["mlx5_bond_0"]),
+        ("firmware and node GUID", lambda d: [(c.firmware, c.node_guid) for c in d.cas],
+         [("22.36.1010", "08c0:eb03:00f0:28b2")]),
+        ("port states", lambda d: [(c.name, p.number, p.state, p.physical_state) for c in d.cas for p in c.ports],
+         [("mlx5_bond_0", 1, PortState.ACTIVE, PhysState.LINK_UP)]),
+        ("link layers", lambda d: [p.link_layer for c in d.cas for p in c.ports], [LinkLayer.ETHERNET]),
+        ("rate, MTU and LIDs", lambda d: [(p.rate_gbps, p.active_mtu, p.base_lid, p.sm_lid) for c in d.cas
+                                          for p in c.ports], [(100.0, 4096, 0, 0)]),  # 2X x 50.0 Gbps
+        ("GID table", lambda d: [(g.index, g.kind) for g in d.cas[0].ports[0].gids],
+         [(0, "RoCE v1"), (1, "RoCE v2"), (2, "RoCE v1"), (3, "RoCE v2")]),
+        ("RoCE v2 GIDs", lambda d: [(g.index, g.gid, g.ipv4) for g in d.cas[0].ports[0].gids if g.kind == "RoCE v2"],
+         [(1, "fe80::ac0:ebff:fef0:28b2", None), (3, "::ffff:27.105.179.3", "27.105.179.3")]),
+    ],
+)
+def test_ibv_devinfo_vv_cx6dx_bond(text: str, what: str, read: Callable[[IbDevices], object], expected: object) -> None:
+    # NO SUPPORT, C-VLAN stripping offload, tag matching not supported, flag lists under device_cap_flags: ...
+    # are all part of the format: the whole recording parses, and these are what it shows.
+    assert read(ibstat.parse_devinfo(text)) == expected, what
+
+
+def test_ibv_devinfo_vv_two_adapters() -> None:
+    # the real recording twice, the second renamed and its port taken down (synthetic edits)
+    second = fixture(CX6DX).replace("mlx5_bond_0", "mlx5_bond_1").replace("PORT_ACTIVE (4)", "PORT_DOWN (1)")
+
+    cas = ibstat.parse_devinfo(fixture(CX6DX) + "\n" + second).cas
+
+    assert [(c.name, c.ports[0].state, len(c.ports[0].gids)) for c in cas] == [
+        ("mlx5_bond_0", PortState.ACTIVE, 4), ("mlx5_bond_1", PortState.DOWN, 4)]
+
+
+def _insert_after(text: str, anchor: str, line: str) -> tuple[str, int]:
+    """``text`` with ``line`` put after the line that is ``anchor``; also the new line's number."""
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, old in enumerate(lines) if old.rstrip("\n") == anchor) + 1
+    return "".join([*lines[:at], line + "\n", *lines[at:]]), at + 1
+
+
+@pytest.mark.parametrize(
+    ("anchor", "line", "match"),
+    [
+        # not ibv_devinfo output at all: a shell prompt, a stray message
+        ("\tmax_qp:\t\t\t\t131072", "[root@host ~]# ibv_devinfo -vv", "key: value"),
+        ("\tnum_comp_vectors:\t\t63", "garbage without a colon", "key: value"),
+        # a flag name needs a mask or list key above it: vendor_part_id has neither
+        ("\tvendor_part_id:\t\t\t4125", "\t\t\t\t\tBAD_PKEY_CNTR", "key: value"),
+        # ... nor does a port's link layer
+        ("\t\t\tlink_layer:\t\tEthernet", "\t\t\t\t\tsome words here", "key: value"),
+        # the "... not supported" sentences are device attributes, never in a port section
+        ("\t\t\tactive_mtu:\t\t4096 (5)", "\ttag matching not supported", "key: value"),
+        # a GID belongs to a port
+        ("\tphys_port_cnt:\t\t\t1", "\t\t\tGID[  0]:\t\tfe80::1, RoCE v2", "GID outside a port"),
+    ],
+    ids=["prompt", "garbage", "flag-without-mask", "flag-under-port-value", "not-supported-in-port", "gid-outside-port"],
+)
+def test_ibv_devinfo_vv_rejects_lines_that_are_not_its_format(anchor: str, line: str, match: str) -> None:
+    text, lineno = _insert_after(fixture(CX6DX), anchor, line)
+
+    with pytest.raises(ParseError, match=match) as err:
+        ibstat.parse_devinfo(text)
+
+    assert (err.value.tool, err.value.line, err.value.lineno) == ("ibv_devinfo", line, lineno)
 
 
 def test_port_down_polling() -> None:

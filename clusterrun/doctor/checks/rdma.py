@@ -7,7 +7,6 @@ Port facts come from ``ibstat`` first, then ``ibv_devinfo -v``, then the bare li
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -25,30 +24,10 @@ _PHYS_WORD = {PhysState.SLEEP: "Sleep", PhysState.POLLING: "Polling", PhysState.
               PhysState.TRAINING: "PortConfigurationTraining", PhysState.LINK_UP: "LinkUp",
               PhysState.ERROR_RECOVERY: "LinkErrorRecovery", PhysState.PHY_TEST: "PhyTest"}
 _LAYER = {NicKind.infiniband: LinkLayer.INFINIBAND, NicKind.roce: LinkLayer.ETHERNET}
-_PORT_HEADER = re.compile(r"^\s+port:\s*\d+\s*$")
 NO_DEVICE_HINT = ("no RDMA device is visible: check the HCA is seen (`lspci | grep -i mellanox`) and its driver "
                   "loaded (`modprobe mlx5_ib`), and in a container that /dev/infiniband is passed in")
 INSTALL_HINT = ("install infiniband-diags (ibstat) and rdma-core's ibverbs-utils (ibv_devinfo) on the node so doctor "
                 "can read port state, rate and GIDs")
-
-
-def parse_devinfo(text: str) -> IbDevices:
-    """``ibv_devinfo -v``, tolerating the free-form device capability lines ConnectX cards print before the ports
-    (``NO SUPPORT``, ``tag matching not supported``, ``C-VLAN stripping offload``): on a :class:`ParseError` only the
-    ``hca_id`` lines and port sections are parsed again. Raises the first error if that fails too.
-    """
-    try:
-        return ibstat.parse_devinfo(text)
-    except ParseError as first:
-        kept, in_port = [], False
-        for line in text.splitlines():
-            in_port = (in_port or bool(_PORT_HEADER.match(line))) and not line.startswith("hca_id:")
-            if in_port or line.startswith("hca_id:"):
-                kept.append(line)
-        try:
-            return ibstat.parse_devinfo("\n".join(kept))
-        except ParseError:
-            raise first from None
 
 
 @dataclass
@@ -95,7 +74,7 @@ class RdmaView:
 
 def rdma_view(facts: NodeFacts) -> RdmaView:
     view = RdmaView(facts.node)
-    for tool, parse in (("ibstat", ibstat.parse), ("ibv_devinfo", parse_devinfo)):
+    for tool, parse in (("ibstat", ibstat.parse), ("ibv_devinfo", ibstat.parse_devinfo)):
         section = facts.section(tool)
         if section is None or section.missing:
             view.missing.append(tool)
@@ -261,7 +240,7 @@ def check_gids(ctx: Context) -> Iterator[Finding]:
                           hint="install rdma-core's ibverbs-utils (ibv_devinfo); meanwhile `show_gids` lists the GIDs")
             continue
         try:
-            devices = parse_devinfo(section.output)
+            devices = ibstat.parse_devinfo(section.output)
         except ParseError as exc:
             yield finding(Verdict.warned, f"{node.name}: ibv_devinfo printed output doctor does not understand: {exc}",
                           subject="ibv_devinfo", evidence=(section.evidence(node.name),),

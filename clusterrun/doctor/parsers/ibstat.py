@@ -61,6 +61,15 @@ _PHYS = {
 _KEY_VALUE = re.compile(r"^\s*(?P<key>[A-Za-z_][\w ]*?)\s*:\s*(?P<value>.*?)\s*$")
 _GID = re.compile(r"^\s*GID\[\s*(?P<index>\d+)\]:\s*(?P<gid>[0-9a-fA-F:.]+)(?:,\s*(?P<kind>.+?))?\s*$")
 _NO_DEVICES = "No IB devices found"
+# ibv_devinfo -v prints some values as one deeper-indented line each under their key: the names of the bits set in a
+# mask (``device_cap_flags: 0x...``, then ``BAD_PKEY_CNTR``, ``Unknown flags: 0xC8400000``) or of the capabilities in
+# a list (``general_odp_caps:``/``uc_odp_caps:`` then ``ODP_SUPPORT``, ``NO SUPPORT``; ``raw packet caps:`` then
+# ``C-VLAN stripping offload``). Only a key whose value is empty or a hex mask has them.
+_LIST_KEY_VALUE = re.compile(r"^(?:0x[0-9A-Fa-f]+)?$")
+_LIST_ITEM = re.compile(r"^\s+(?:[A-Za-z][\w -]*|Unknown flags: 0x[0-9A-Fa-f]+)$")
+# ... and, among the device attributes, a sentence where a capability is missing: ``tag matching not supported``,
+# ``completion_timestamp_mask not supported``, ``core clock not supported``.
+_NOT_SUPPORTED = re.compile(r"^\s+[A-Za-z][\w ]* not supported$")
 
 
 @dataclass(frozen=True)
@@ -135,16 +144,24 @@ def parse(text: str) -> IbDevices:
 
 
 def parse_devinfo(text: str) -> IbDevices:
-    """Parse ``ibv_devinfo`` or ``ibv_devinfo -v`` (GID table and width x speed rate with -v).
+    """Parse ``ibv_devinfo`` or ``ibv_devinfo -v``/``-vv`` (GID table and width x speed rate with -v).
 
-    Raises :class:`ParseError` when the first line is not ``hca_id: <name>`` or a port lacks a state.
+    Besides ``key: value`` lines it reads the rest of rdma-core's layout: the ``Device ports:`` title of old
+    releases, -v's flag and capability names one per deeper-indented line under a mask or list key (see
+    ``_LIST_ITEM``), blocks such as ``tso_caps:`` whose deeper ``key: value`` lines belong to them (kept as
+    ``tso_caps.max_tso``), the device-level ``... not supported`` sentences, and ``GID[  n]:`` lines with or
+    without their ``, RoCE v2`` type.
+
+    Raises :class:`ParseError` with the offending line when the first line is not ``hca_id: <name>``, a port
+    lacks a state, or a line is none of these.
     """
     return _parse(text, "ibv_devinfo", "hca_id: <name>", ca_header=re.compile(r"^hca_id:\s*(?P<name>\S+)$"),
-                  port_header=re.compile(r"^\s+port:\s*(?P<n>\d+)$"))
+                  port_header=re.compile(r"^\s+port:\s*(?P<n>\d+)$"), nesting=_Nesting())
 
 
 def _parse(
-    text: str, tool: str, first: str, ca_header: re.Pattern[str], port_header: re.Pattern[str]
+    text: str, tool: str, first: str, ca_header: re.Pattern[str], port_header: re.Pattern[str],
+    nesting: _Nesting | None = None,
 ) -> IbDevices:
     lines = [(n, line.rstrip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
@@ -160,26 +177,75 @@ def _parse(
             if ca is not None:
                 cas.append(_ca(ca, ports, port, tool))
             ca, ports, port = {"name": match["name"]}, [], None
+            if nesting is not None:
+                nesting.close(-1)
             continue
         if ca is None:
             raise ParseError(tool, f"expected an adapter line '{first}' first", line=line, lineno=n)
+        if nesting is not None:
+            nesting.close(_indent(line))  # a line ends the keys it is not indented under
         if match := port_header.match(line):
             if port is not None:
                 ports.append(port.build(tool))
             port = _PortBuilder(int(match["n"]), n, line)
+            if nesting is not None:
+                nesting.close(-1)
         elif gid := Gid.from_line(line):
             if port is None:
                 raise ParseError(tool, "GID outside a port section", line=line, lineno=n)
             port.gids.append(gid)
+        elif nesting is not None and nesting.is_list_item(line):
+            continue  # a flag or capability name: its key's value is read, the names are not needed
         elif match := _KEY_VALUE.match(line):
-            (port.fields if port is not None else ca)[match["key"].strip().lower()] = match["value"]
-        elif line.strip() == "Device ports:" or re.fullmatch(r"\s+[A-Z0-9_]+", line):
-            continue  # ibv_devinfo's section title, and -v's capability flag names one per line
+            key = match["key"].strip().lower()
+            if nesting is not None:
+                key = nesting.open(_indent(line), key, match["value"])
+            (port.fields if port is not None else ca)[key] = match["value"]
+        elif line.strip() == "Device ports:":
+            continue  # old ibv_devinfo's title over the ports
+        elif nesting is not None and port is None and _NOT_SUPPORTED.match(line):
+            continue  # a device capability the adapter lacks
+        elif nesting is None and re.fullmatch(r"\s+[A-Z0-9_]+", line):
+            continue  # ibstat: a lone flag-like word, accepted as it always was
         else:
-            raise ParseError(tool, "not a 'key: value' line", line=line, lineno=n)
+            raise ParseError(tool, "not a 'key: value' line" + (" or part of ibv_devinfo's layout" if nesting else ""),
+                             line=line, lineno=n)
     assert ca is not None  # lines is non-empty and the first line opened a CA
     cas.append(_ca(ca, ports, port, tool))
     return IbDevices(tuple(cas))
+
+
+class _Nesting:
+    """The ``key:`` lines of ibv_devinfo that the lines after them may be indented under.
+
+    A deeper line under a key whose value is empty or a hex mask may be one of its flag names; a deeper
+    ``key: value`` line under a key with an empty value (``tso_caps:``, ``cq moderation caps:``) belongs to that
+    block and is named ``block.key``. Indentation is compared with tabs expanded, so recordings whose tabs were
+    turned into spaces read the same.
+    """
+
+    def __init__(self) -> None:
+        self._open: list[tuple[int, str, str]] = []  # (indent, dotted key, value), outermost first
+
+    def close(self, indent: int) -> None:
+        """Forget the keys a line at ``indent`` is not under (all of them for -1)."""
+        while self._open and self._open[-1][0] >= indent:
+            self._open.pop()
+
+    def open(self, indent: int, key: str, value: str) -> str:
+        """Note a ``key: value`` line; returns its name, dotted under the block it is in."""
+        if self._open and self._open[-1][2] == "":
+            key = f"{self._open[-1][1]}.{key}"
+        self._open.append((indent, key, value))
+        return key
+
+    def is_list_item(self, line: str) -> bool:
+        """Whether ``line`` is a flag or capability name under the mask or list key just above it."""
+        return bool(self._open and _LIST_KEY_VALUE.match(self._open[-1][2]) and _LIST_ITEM.match(line))
+
+
+def _indent(line: str) -> int:
+    return len(line.expandtabs()) - len(line.expandtabs().lstrip())
 
 
 class _PortBuilder:
