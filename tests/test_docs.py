@@ -1,5 +1,5 @@
 """The docs stay true: their inventory examples validate, their error examples fail as shown,
-their schema is the current one, and every environment rule is documented."""
+their schema is the current one, and every environment rule and doctor check is documented."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun.doctor.registry import all_checks
 from clusterrun.errors import InventoryError
 from clusterrun.inventory.models import inventory_json_schema
 from clusterrun.inventory.yaml_source import parse_inventory_text
@@ -17,6 +18,7 @@ from clusterrun.nccl import RULES
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 INVENTORY_MD = DOCS / "inventory.md"
 NETWORK_MD = DOCS / "network.md"
+DOCTOR_MD = DOCS / "doctor.md"
 
 # A fenced block: its language and its body (the fences start at the beginning of a line).
 _FENCE_RE = re.compile(r"^```(\w*)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
@@ -47,7 +49,8 @@ def invalid_examples() -> list[pytest.param]:
     return cases
 
 
-@pytest.mark.parametrize("text", marked_yaml(INVENTORY_MD, "# inventory") + marked_yaml(NETWORK_MD, "# inventory"))
+@pytest.mark.parametrize("text", [p for path in (INVENTORY_MD, NETWORK_MD, DOCTOR_MD)
+                                  for p in marked_yaml(path, "# inventory")])
 def test_documented_inventory_is_valid(text: str) -> None:
     inv = parse_inventory_text(text, "docs example")
     assert inv.nodes
@@ -57,7 +60,7 @@ def test_inventory_reference_has_full_examples() -> None:
     assert len(marked_yaml(INVENTORY_MD, "# inventory")) >= 5
 
 
-@pytest.mark.parametrize("path", [INVENTORY_MD, NETWORK_MD], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [INVENTORY_MD, NETWORK_MD, DOCTOR_MD], ids=lambda p: p.name)
 def test_every_yaml_example_is_marked_so_it_is_checked(path: Path) -> None:
     unmarked = [
         body.splitlines()[0]
@@ -84,3 +87,8 @@ def test_documented_schema_is_the_current_one() -> None:
 @pytest.mark.parametrize("rule", [rule.name for rule in RULES])
 def test_every_environment_rule_is_documented(rule: str) -> None:
     assert f"`{rule}`" in NETWORK_MD.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", list(all_checks()))
+def test_every_doctor_check_is_documented(name: str) -> None:
+    assert f"| `{name}` |" in DOCTOR_MD.read_text(encoding="utf-8"), "add a row for the check to docs/doctor.md"

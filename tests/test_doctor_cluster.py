@@ -5,6 +5,7 @@ right verdict naming the right node and NIC, with the hint to fix it."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -76,14 +77,33 @@ def test_sshd_down_is_named_and_other_nodes_still_checked(sim_cluster: SimCluste
     assert {f["node"] for f in check(report, "node.python")["findings"]} == {"node0", "node1", "node2"}
 
 
-def test_slow_link_is_a_bandwidth_outlier(sim_cluster: SimCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("tool", ["iperf3", "builtin"])
+def test_slow_link_is_a_bandwidth_outlier(sim_cluster: SimCluster, tmp_path: Path, tool: str) -> None:
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 4, nproc=1)
     sim_cluster.shape("node1", "data", "200mbit")
-    rc, report, _ = doctor(inv, tmp_path, "--checks", "net.bandwidth", "--bandwidth-seconds", "1")
+    rc, report, _ = doctor(inv, tmp_path, "--checks", "net.bandwidth", "--bandwidth-seconds", "1",
+                           "--bandwidth-tool", tool)
     assert rc == 3
     warned = failing(report, "net.bandwidth", "warn")
     assert [(f["node"], f["subject"]) for f in warned] == [("node1", sim_cluster.nodes[1].data_nic)]
     assert "sends at" in warned[0]["summary"]
+    passed = check(report, "net.bandwidth")["findings"][-1]["data"]
+    assert passed["tool"] == tool
+    slow = [t["bps"] for t in passed["transfers"] if t["src"] == "node1"]
+    fast = [t["bps"] for t in passed["transfers"] if t["src"] != "node1"]
+    assert max(slow) < 0.3e9 < 1.0e9 < min(fast)  # shaped 200 Mbit/s against 2 Gbit/s
+
+
+def test_allreduce_on_a_dead_data_nic_fails_within_its_time_limit(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    sim_cluster.drop_nic("node1", "data")
+    started = time.monotonic()
+    rc, report, _ = doctor(inv, tmp_path, "--checks", "cluster.allreduce", "--timeout", "20")
+    assert time.monotonic() - started < 90  # not a hang: the job is stopped at its limit (gloo alone waits 30 min)
+    assert rc == 1
+    bad = failing(report, "cluster.allreduce")
+    assert len(bad) == 1 and "all-reduce failed" in bad[0]["summary"]
+    assert Path(bad[0]["data"]["run_dir"], "status.json").is_file()
 
 
 def test_blocked_master_port_is_found(sim_cluster: SimCluster, tmp_path: Path) -> None:

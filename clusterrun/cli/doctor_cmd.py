@@ -76,7 +76,7 @@ def doctor(inventory: Path | None, only: str | None, skip: str | None, list_chec
     bandwidth on the data network, tests the master port, and runs a real all-reduce through
     the same launch path as `up`. Without INVENTORY it checks this machine alone.
     """
-    from clusterrun.doctor.registry import Options, select
+    from clusterrun.doctor.registry import Options, all_checks, select
     from clusterrun.errors import UsageError
 
     if list_checks:
@@ -88,8 +88,11 @@ def doctor(inventory: Path | None, only: str | None, skip: str | None, list_chec
         raise UsageError(f"--checks/--skip: {exc}") from None
     if not checks:
         raise UsageError("--checks/--skip: no check left to run")
+    ssh = all_checks()["node.ssh"]
+    if ssh not in checks and "node.ssh" not in _names(skip) and "node" not in _names(skip):
+        checks.insert(0, ssh)  # an unreachable node must be named, whatever else was chosen
     if inventory is None:
-        inv = _this_machine()
+        inv = _this_machine()  # no GPUs or NICs listed: what needs an inventory is skipped
     else:
         from clusterrun.inventory.yaml_source import load_inventory
 

@@ -14,16 +14,18 @@ def _broken(findings: list[Finding], check: str) -> set[tuple[str | None, str | 
 
 
 def choose_network(ctx: Context, findings: list[Finding]) -> tuple[Network | None, str]:
-    """The data network to use: the planned one if its pings passed, else another network on which they did."""
+    """The data network to use: the planned one unless pings failed on it, else one on which every ping answered."""
     nets = networks(ctx)
-    failed = {f.subject for f in findings if f.check == "net.ping" and f.verdict is Verdict.failed}
-    bad_nics = _broken(findings, "net.ping")
+    pinged = any(f.check == "net.ping" and f.verdict is not Verdict.skipped for f in findings)
+    bad_nics = _broken(findings, "net.ping")  # (node, NIC) of every failed ping finding
 
     def healthy(net: Network) -> bool:
-        return net.subnet not in failed and not any((ep.node, ep.nic) in bad_nics for ep in net.members.values())
+        return not any((ep.node, ep.nic) in bad_nics for ep in net.members.values())
 
     for net in nets:  # data network first
         if healthy(net):
+            if not pinged:
+                return net, "the planned data network (run net.ping to test it)"
             why = "the planned data network, and every pair answered" if net.data else \
                 "every pair answered on it (the planned data network did not pass)"
             return net, why

@@ -30,9 +30,9 @@ class Options:
     bandwidth_rounds: int = 3  # rounds of the tournament measured (0: all); 2+ rounds tell a slow node from a slow pair
     bandwidth_tool: str = "auto"  # iperf3 where every node has it, else builtin
     ping_count: int = 3
-    allreduce_mib: int = 16
+    allreduce_mib: float = 16.0
     allreduce_timeout: float = 120.0
-    busy_memory_mib: int = 1024
+    busy_memory_mib: int = 1024  # a GPU using more than this before the job starts is busy
     path: tuple[str, ...] = ()  # extra directories for tools on the nodes (perftest, infiniband-diags outside PATH)
     ib_seconds: float = 3.0  # each ib_write_bw run (-D)  # a GPU using more than this before we start is busy
 

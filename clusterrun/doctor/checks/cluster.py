@@ -68,10 +68,10 @@ def allreduce(ctx: Context) -> Iterator[Finding]:
         yield Finding("cluster.allreduce", Verdict.failed, f"all-reduce failed after {wall:.1f}s: {where}", node=node,
                       hint="; ".join(hints) or f"see {run_dir.path}/ for every rank's log",
                       evidence=(Evidence(" ".join(plan.nodes[0].argv), "\n".join(tail), outcome.exit_code, node),),
-                      data={"run_dir": str(run_dir.path)})
+                      data={"run_dir": str(run_dir.path.resolve())})
         return
     yield Finding("cluster.allreduce", Verdict.passed,
                   f"{report['backend']} all-reduce of {report['bytes'] / (1 << 20):g} MiB on {report['world_size']} "
                   f"rank(s): busbw {report['busbw_gbps']:.2f} Gbit/s, {report['best_s'] * 1000:.1f} ms per call; "
                   f"launch to result {wall:.1f}s", measured=f"busbw {report['busbw_gbps']:.2f} Gbit/s",
-                  evidence=evidence, data={**report, "wall_s": wall, "run_dir": str(run_dir.path)})
+                  evidence=evidence, data={**report, "wall_s": wall, "run_dir": str(run_dir.path.resolve())})

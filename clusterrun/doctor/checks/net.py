@@ -19,6 +19,7 @@ from clusterrun.doctor import netprobe
 from clusterrun.doctor.checks.nics import interfaces
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.parsers import iperf3, ping
+from clusterrun.doctor.probe import path_prefix
 from clusterrun.doctor.registry import Context, check
 from clusterrun.doctor.schedule import round_robin
 from clusterrun.errors import ClusterrunError, ParseError, PlanError
@@ -76,6 +77,13 @@ def parallel(jobs: list[Callable[[], T]], limit: int = 64) -> list[T]:
         return list(pool.map(lambda job: job(), jobs))
 
 
+def tool_argv(ctx: Context, argv: list[str]) -> list[str]:
+    """``argv`` as the node runs it: through ``sh`` with ``doctor --path`` first in PATH when given."""
+    if not ctx.options.path:
+        return argv
+    return ["sh", "-c", path_prefix(ctx.options.path) + "exec " + " ".join(shlex.quote(a) for a in argv)]
+
+
 def has_tool(ctx: Context, node: str, tool: str) -> bool:
     for line in (ctx.facts[node].output("tools") or "").splitlines():
         name, _, path = line.partition(" ")
@@ -107,7 +115,7 @@ def _ping(ctx: Context, net: Network, src: Endpoint, dst: Endpoint) -> PingOutco
             dst.address]
     command = " ".join(shlex.quote(a) for a in argv)
     try:
-        res = ctx.transports[src.node].run(["env", "LC_ALL=C", *argv], timeout=count + 10)
+        res = ctx.transports[src.node].run(tool_argv(ctx, ["env", "LC_ALL=C", *argv]), timeout=count + 10)
     except ClusterrunError as exc:
         reason = getattr(exc, "reason", None) or str(exc)
         return PingOutcome(net, src, dst, None, reason, Evidence(command, reason, None, src.node))
@@ -146,10 +154,14 @@ def pairwise_ping(ctx: Context) -> Iterator[Finding]:
 
 
 def _judge_pings(nets: list[Network], outcomes: list[PingOutcome]) -> Iterator[Finding]:
-    good = [n for n in nets if all(o.ok for o in outcomes if o.net is n)]
+    good = [n for n in nets if any(o.net is n for o in outcomes) and all(o.ok for o in outcomes if o.net is n)]
     for net in nets:
         mine = [o for o in outcomes if o.net is net]
         failed = [o for o in mine if not o.ok]
+        if not mine:
+            yield Finding("net.ping", Verdict.skipped, f"{net.label}: no ping ran (ping missing on its nodes)",
+                          subject=net.subnet)
+            continue
         if not failed:
             rtts = [o.result.rtt_avg_ms for o in mine if o.result and o.result.rtt_avg_ms is not None]
             avg = f", average rtt {statistics.mean(rtts):.2f} ms" if rtts else ""
@@ -245,8 +257,8 @@ def _iperf(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float) -> Transf
     if port is None:
         return Transfer(src.node, dst.node, None, "iperf3", err, ())
     # --forceflush: without a terminal iperf3 holds "Server listening" back until it exits.
-    server = ctx.transports[dst.node].start(["timeout", str(int(seconds + 30)), "iperf3", "-s", "-1", "--forceflush",
-                                             "-p", str(port), "-B", dst.address])
+    server = ctx.transports[dst.node].start(tool_argv(ctx, ["timeout", str(int(seconds + 30)), "iperf3", "-s", "-1",
+                                                         "--forceflush", "-p", str(port), "-B", dst.address]))
     sreader = netprobe.LineReader(server)
     try:
         if sreader.wait_for("Server listening", 15) is None:
@@ -254,7 +266,7 @@ def _iperf(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float) -> Transf
                             f"{server.stderr_text().strip()[-200:]}", ())
         argv = ["timeout", str(int(seconds + 20)), "iperf3", "-c", dst.address, "-p", str(port), "-t", f"{seconds:g}",
                 "-B", src.address, "-J"]
-        res = ctx.transports[src.node].run(argv, timeout=seconds + 30)
+        res = ctx.transports[src.node].run(tool_argv(ctx, argv), timeout=seconds + 30)
     except ClusterrunError as exc:
         return Transfer(src.node, dst.node, None, "iperf3", getattr(exc, "reason", str(exc)), ())
     finally:
@@ -298,8 +310,9 @@ def bandwidth(ctx: Context) -> Iterator[Finding]:
 
 def _judge_bandwidth(ctx: Context, data: Network, transfers: list[Transfer], tool: str) -> Iterator[Finding]:
     for t in transfers:
-        if t.bps is None:
-            yield Finding("net.bandwidth", Verdict.failed, f"{t.src} -> {t.dst} on {data.subnet}: no measure ({t.error})",
+        if not t.bps:  # None (no result) or 0 (nothing got through: an MTU black hole looks like this)
+            why = t.error or ("nothing got through" if t.bps == 0 else "no result")
+            yield Finding("net.bandwidth", Verdict.failed, f"{t.src} -> {t.dst} on {data.subnet}: no measure ({why})",
                           node=t.src, subject=data.members[t.src].nic, evidence=t.evidence,
                           hint="see net.ping for reachability; a firewall may drop the probe's port")
     measured = [t for t in transfers if t.bps]

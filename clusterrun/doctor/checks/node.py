@@ -82,6 +82,16 @@ def python_torch(ctx: Context) -> Iterator[Finding]:
                           hint="install a CUDA build of torch matching the driver" if node.gpus else
                                "install a torch build with gloo")
             continue
+        devices = report.get("cuda_devices")
+        if node.gpus and isinstance(devices, int) and devices < len(node.gpus):
+            why = f" ({report['cuda_error']})" if report.get("cuda_error") else ""
+            yield Finding("node.python", Verdict.failed,
+                          f"{node.name}: torch sees {devices} CUDA device(s), the inventory lists {len(node.gpus)} GPUs{why}",
+                          node=node.name, subject=python, measured=str(devices), expected=str(len(node.gpus)),
+                          evidence=evidence,
+                          hint="check the driver (`nvidia-smi`), CUDA_VISIBLE_DEVICES in the login environment, and "
+                               "that this torch's CUDA version suits the driver")
+            continue
         yield Finding("node.python", Verdict.passed, f"{node.name}: {versions}; backends {', '.join(backends)}",
                       node=node.name, subject=python, measured=versions, evidence=evidence, data=dict(report))
 
