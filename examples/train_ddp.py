@@ -22,6 +22,7 @@ must be high: a quick end-to-end check that a cluster can train, not only start.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import sys
@@ -300,6 +301,11 @@ def main(argv: list[str] | None = None) -> None:
             f"backend {worker.backend} device {worker.device}"
         )
         train(args, worker)
+        # The DDP wrapper (its reducer) holds the process group; collect it now,
+        # so the group's gloo threads stop here and not during interpreter exit,
+        # where tearing them down can abort the process (SIGABRT after success).
+        gc.collect()
+        dist.barrier()
     finally:
         # Releases the communicators and sockets cleanly; skipping it makes NCCL
         # warn at exit and can leave peers waiting.
