@@ -112,7 +112,7 @@ class StartError(ClusterrunError):
     exit_code = EXIT_COULD_NOT_START
 
     def __init__(self, problems: dict[str, str], hint: str = "") -> None:
-        lines = [f"could not start: {len(problems)} node(s) failed the checks before launch; nothing was started"]
+        lines = [f"could not start: {len(problems)} problem(s) found by the checks before launch; nothing was started"]
         lines += [f"  {node}: {msg}" for node, msg in problems.items()]
         if hint:
             lines.append(hint)

@@ -13,6 +13,7 @@ Pure: works from the inventory alone. The choice is one of
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from clusterrun.errors import PlanError
@@ -49,8 +50,12 @@ def _address_or_host(node: Node, nic: Nic, why: str) -> tuple[str, str]:
     return node.host, f"{why}; {nic.name} has no address in the inventory, so peers use host {node.host}"
 
 
-def resolve_data_network(inv: Inventory) -> DataNetwork:
-    """Choose each node's data NIC and address. Raises :class:`PlanError` when the choice cannot be met."""
+def resolve_data_network(inv: Inventory, ssh_addresses: Mapping[str, str] | None = None) -> DataNetwork:
+    """Choose each node's data NIC and address. Raises :class:`PlanError` when the choice cannot be met.
+
+    ``ssh_addresses`` (node -> the address SSH reached it at, when known) lets ``auto`` tell the
+    management network from a separate data network when ``host`` is a name rather than an address.
+    """
     if len(inv.nodes) == 1 and inv.network.data == "auto":
         node = inv.nodes[0]
         return DataNetwork(
@@ -62,7 +67,7 @@ def resolve_data_network(inv: Inventory) -> DataNetwork:
         return _by_subnet(inv, subnet, f"{subnet} (network.data)")
     if inv.network.data != "auto":
         return _by_name(inv, inv.network.data)
-    best = _auto_subnet(inv)
+    best = _auto_subnet(inv, ssh_addresses or {})
     if best is not None:
         return _by_subnet(inv, best, f"{best} (auto: the best subnet every node has a NIC in)")
     warning = (
@@ -104,7 +109,7 @@ def _by_name(inv: Inventory, name: str) -> DataNetwork:
     return DataNetwork(f"NIC {name} (network.data)", tuple(paths), tuple(warnings))
 
 
-def _auto_subnet(inv: Inventory) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+def _auto_subnet(inv: Inventory, ssh_addresses: Mapping[str, str]) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
     """The subnet every node has a NIC in, best first: RDMA, then the highest slowest speed."""
     shared: set[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None
     for node in inv.nodes:
@@ -118,7 +123,8 @@ def _auto_subnet(inv: Inventory) -> ipaddress.IPv4Network | ipaddress.IPv6Networ
         rdma = all(n is not None and n.kind.is_rdma for n in nics)
         slowest = min((n.speed or 0) if n is not None else 0 for n in nics)
         # With equal speeds, prefer the network SSH does not use: a separate data network is the usual design.
-        not_mgmt = all(n is not None and n.address != node.host for n, node in zip(nics, inv.nodes, strict=False))
+        not_mgmt = all(n is not None and n.address not in (node.host, ssh_addresses.get(node.name))
+                       for n, node in zip(nics, inv.nodes, strict=False))
         return (int(rdma), slowest, int(not_mgmt), str(net))
 
     return max(shared, key=score)

@@ -10,6 +10,7 @@ later wins, and each variable records where it came from). ``clusterrun plan`` a
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,7 @@ class LaunchPlan:
     data_network: str
     nodes: tuple[NodePlan, ...]
     warnings: tuple[str, ...] = field(default=())
+    probed: tuple[str, ...] = field(default=())  # inventory values that came from the nodes themselves
 
     @property
     def nnodes(self) -> int:
@@ -135,6 +137,7 @@ class LaunchPlan:
             "master_port": self.master_port,
             "data_network": self.data_network,
             "warnings": list(self.warnings),
+            "probed": list(self.probed),
             "nodes": [n.to_dict(self.master_addr, self.master_port) for n in self.nodes],
         }
 
@@ -202,9 +205,10 @@ def _env(inv: Inventory, index: int, node: Node, ctx: RuleContext, job: JobSpec)
     return tuple(merged.values())
 
 
-def build_plan(inv: Inventory, job: JobSpec) -> LaunchPlan:
+def build_plan(inv: Inventory, job: JobSpec, ssh_addresses: Mapping[str, str] | None = None,
+               probed: tuple[str, ...] = ()) -> LaunchPlan:
     """Compute the launch plan. Pure. Raises :class:`PlanError` when the job does not fit the inventory."""
-    data: DataNetwork = resolve_data_network(inv)
+    data: DataNetwork = resolve_data_network(inv, ssh_addresses)
     ordered = _ordered(inv)
     master_node = ordered[0][1]
     master_addr = data.path_of(master_node.name).address
@@ -251,5 +255,5 @@ def build_plan(inv: Inventory, job: JobSpec) -> LaunchPlan:
         warnings.append(f"nodes run different numbers of processes ({counts}); data-parallel jobs usually want equal")
     return LaunchPlan(
         run_id=job.run_id, job=job, master_addr=master_addr, master_port=master_port,
-        data_network=data.description, nodes=tuple(nodes), warnings=tuple(warnings),
+        data_network=data.description, nodes=tuple(nodes), warnings=tuple(warnings), probed=probed,
     )

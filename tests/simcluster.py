@@ -746,6 +746,12 @@ class SimCluster:
         """Drop incoming TCP to ``port`` from other hosts (the node itself still reaches it over lo)."""
         self._add_fault(node, f"port-{int(port)}", [f"INPUT ! -i lo -p tcp --dport {int(port)} -j DROP"])
 
+    def block_ports_except(self, node: SimNode | str | int, port: int) -> None:
+        """Drop new TCP connections into the node's data NIC on every port but ``port``: a firewall that lets
+        only the master port through (the rendezvous works, the collectives' own connections hang)."""
+        nic = self.node(node).data_nic
+        self._add_fault(node, f"ports-but-{int(port)}", [f"INPUT -i {nic} -p tcp --syn ! --dport {int(port)} -j DROP"])
+
     def unblock_port(self, node: SimNode | str | int, port: int) -> None:
         """Undo :meth:`block_port`."""
         self._remove_fault(node, f"port-{int(port)}")

@@ -94,15 +94,30 @@ def test_slow_link_is_a_bandwidth_outlier(sim_cluster: SimCluster, tmp_path: Pat
     assert max(slow) < 0.3e9 < 1.0e9 < min(fast)  # shaped 200 Mbit/s against 2 Gbit/s
 
 
-def test_allreduce_on_a_dead_data_nic_fails_within_its_time_limit(sim_cluster: SimCluster, tmp_path: Path) -> None:
+def test_allreduce_on_a_dead_data_nic_fails_in_seconds(sim_cluster: SimCluster, tmp_path: Path) -> None:
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     sim_cluster.drop_nic("node1", "data")
     started = time.monotonic()
     rc, report, _ = doctor(inv, tmp_path, "--checks", "cluster.allreduce", "--timeout", "20")
-    assert time.monotonic() - started < 90  # not a hang: the job is stopped at its limit (gloo alone waits 30 min)
+    # Not a hang (gloo alone would wait 30 min): the launch path's own check stops it before torchrun starts.
+    assert time.monotonic() - started < 60
     assert rc == 1
     bad = failing(report, "cluster.allreduce")
-    assert len(bad) == 1 and "all-reduce failed" in bad[0]["summary"]
+    assert len(bad) == 1 and "could not start the test: node1: cannot reach node0's master address" in bad[0]["summary"]
+    assert f"from {sim_cluster.nodes[1].data_nic} ({sim_cluster.nodes[1].data_ip})" in bad[0]["summary"]
+
+
+def test_allreduce_that_hangs_is_stopped_at_its_time_limit(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """Every path check passes, but both nodes drop gloo's own connections (any port but the master's)."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    for node in ("node0", "node1"):
+        sim_cluster.block_ports_except(node, 29500)
+    started = time.monotonic()
+    rc, report, _ = doctor(inv, tmp_path, "--checks", "cluster.allreduce", "--timeout", "20")
+    assert time.monotonic() - started < 90
+    assert rc == 1
+    bad = failing(report, "cluster.allreduce")
+    assert len(bad) == 1 and "all-reduce failed" in bad[0]["summary"] and "time limit" in bad[0]["summary"]
     assert Path(bad[0]["data"]["run_dir"], "status.json").is_file()
 
 

@@ -16,18 +16,33 @@ Examples:
   clusterrun plan inventories/localhost.yaml examples/train_ddp.py
   clusterrun plan cluster.yaml train.py --epochs 5 --lr 0.1
   clusterrun plan cluster.yaml train.py --json | jq '.nodes[].env'
+  clusterrun plan cluster.yaml train.py --probe            # with the NICs the nodes really have
+  clusterrun plan --ips 10.0.0.1,10.0.0.2 --gpus 0-7 train.py --json   # what a one-liner means
   clusterrun plan cluster.yaml -m mypkg.train --nproc-per-node 4 -e NCCL_DEBUG=INFO""",
 )
 @job_options
+@click.option("--probe", is_flag=True, help="Connect to the nodes and complete the plan with their NICs "
+              "(what `up` does); values that came from the nodes are marked.")
 @with_job
-def plan(inv: Any, plan: Any, runs_dir: Any, as_json: bool) -> int:
+def plan(inv: Any, plan: Any, runs_dir: Any, as_json: bool, probe: bool) -> int:
     """Show what `up` would run on each node: node_rank, master address, the torchrun command and the environment.
 
     INVENTORY is the cluster's YAML file; SCRIPT and its ARGS are what torchrun runs on
-    every node (after `--`, verbatim). Nothing is started and no node is contacted. `up` executes this same plan.
+    every node (after `--`, verbatim). Nothing is started and, without --probe, no node is contacted: the plan
+    is exactly what the inventory says. `up` completes it with the nodes' NICs (as --probe shows) and runs it.
     """
     from clusterrun.cli.render import plan_json, print_plan
 
+    if probe and plan.nnodes > 1:  # one node's ranks talk over loopback: nothing to probe
+        from clusterrun.launch.replan import gather, plan_with_facts
+        from clusterrun.launch.transports import open_transports
+
+        transports = open_transports(inv, plan)
+        try:
+            inv, plan = plan_with_facts(inv, plan, gather(plan, transports))
+        finally:
+            for transport in transports.values():
+                transport.close()
     if as_json:
         click.echo(plan_json(plan))
     else:

@@ -29,6 +29,8 @@ def print_plan(plan: LaunchPlan, file: TextIO | None = None) -> None:
     )
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
+    for line in plan.probed:
+        console.print(f"[cyan]from the node:[/] {line}")
     for node in plan.nodes:
         table = Table(title=f"{node.name} ({node.host}, {node.transport.value})", title_justify="left",
                       show_header=False, box=None, padding=(0, 1))

@@ -5,6 +5,10 @@
 done; it stops after SECONDS or when its stdin closes (the orchestrator went away).
 ``send ADDR PORT SECONDS``: connect and send as fast as possible for SECONDS; prints ``SENT <bytes>``.
 ``connect ADDR PORT TIMEOUT``: one TCP connect; prints ``CONNECTED`` or ``FAILED <reason>``.
+``reach ADDR PORT SRC TIMEOUT``: a TCP connect from source address SRC (``-``: any); prints ``TCP OK`` or
+``TCP FAILED <reason>`` followed by a ``PING`` line for ADDR, which tells a blocked port from a dead path.
+``ping X TIMEOUT ADDR...``: one ping to each address at once; a line ``PING <addr> OK|FAILED`` each
+(``PING MISSING`` without a ping command).
 The receiver's count over the receiver's time is the measure: a sender's count includes what is
 still in socket buffers.
 """
@@ -75,6 +79,25 @@ elif mode == "send":
     except OSError:
         pass
     print("SENT %d" % total, flush=True)
+elif mode == "reach":
+    addr, port, src, timeout = sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+    try:
+        socket.create_connection((addr, port), timeout=timeout, source_address=None if src == "-" else (src, 0)).close()
+        print("TCP OK", flush=True)
+    except OSError as exc:
+        print("TCP FAILED %s" % ("timed out after %gs" % timeout if isinstance(exc, socket.timeout) else exc.strerror or exc),
+              flush=True)
+        mode, sys.argv[3:] = "ping", [str(timeout), addr]  # tell a blocked port from a dead path
+if mode == "ping":
+    import shutil, subprocess
+    timeout, addrs = float(sys.argv[3]), sys.argv[4:]
+    if shutil.which("ping") is None:
+        print("PING MISSING", flush=True)
+        sys.exit(0)
+    procs = [(a, subprocess.Popen(["ping", "-n", "-c", "1", "-W", str(max(1, int(timeout))), a],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)) for a in addrs]
+    for a, proc in procs:
+        print("PING %s %s" % (a, "OK" if proc.wait() == 0 else "FAILED"), flush=True)
 elif mode == "connect":
     addr, port, timeout = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     try:

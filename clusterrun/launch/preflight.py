@@ -19,9 +19,11 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from clusterrun.errors import ClusterrunError, StartError
 from clusterrun.inventory.models import Transport as TransportKind
+from clusterrun.node_facts import GATHER
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.transport.base import Transport
 
@@ -65,8 +67,9 @@ if spec.get("port"):
                                "leftover one; pick another with --master-port" % (spec["port"], exc.strerror))
     finally:
         s.close()
-print("CLUSTERRUN-PREFLIGHT " + json.dumps(out))
 """
+# The node's network facts (NICs, speeds, RDMA ports) ride along: the plan completes the inventory with them.
+_CHECK += GATHER + 'print("CLUSTERRUN-PREFLIGHT " + json.dumps(out))\n'
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class NodeReady:
     torch_version: str = ""
     copied: list[str] = field(default_factory=list)
     stage: list[tuple[str, str, str]] = field(default_factory=list)  # (cache path, destination, kind)
+    net: dict[str, Any] | None = None  # the node's network facts, raw (see clusterrun.node_facts)
+    ssh_address: str | None = None  # the address SSH reached the node at
 
 
 def _sha256(path: Path) -> str:
@@ -157,7 +162,9 @@ def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: 
     report = json.loads(marker.split(" ", 1)[1])
     if report["problems"]:
         raise ClusterrunError("; ".join(report["problems"]))
-    ready = NodeReady(node.name, report["python"], report.get("torch", ""))
+    peer = getattr(transport, "peer_address", None)
+    ready = NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
+                      ssh_address=peer() if peer else None)
     for f in staged:
         cached = posixpath.join(REMOTE_CACHE, f.digest)
         if f.digest in report["missing"]:

@@ -313,6 +313,14 @@ class SshTransport(Transport):
         self._client = None
         self._jump_clients = []
 
+    def peer_address(self) -> str | None:
+        """The address this connection reached (None before connecting or through a ProxyJump)."""
+        with contextlib.suppress(Exception):
+            transport = self._client.get_transport() if self._client else None
+            if transport is not None and not self.target.jump:
+                return str(transport.getpeername()[0])
+        return None
+
     def close(self) -> None:
         with self._lock:
             self._close_locked()

@@ -1,0 +1,79 @@
+"""After preflight: complete the plan with what the nodes really have, or stop when they contradict it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from clusterrun.errors import ClusterrunError, ParseError, PlanError, StartError
+from clusterrun.inventory.models import Inventory
+from clusterrun.launch.preflight import NodeReady
+from clusterrun.node_facts import GATHER, NetFacts, parse_net_facts, reconcile
+from clusterrun.plan import LaunchPlan, NodePlan, build_plan
+from clusterrun.transport.base import Transport
+
+MISMATCH_HINT = ("the inventory and the nodes disagree: fix the inventory (or the node); `clusterrun doctor "
+                 "<inventory> --checks nic` shows every NIC; no node was started")
+
+
+_GATHER_ONLY = "import json, os\nout = {}\n" + GATHER + 'print("CLUSTERRUN-FACTS " + json.dumps(out))\n'
+
+
+def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
+    """Only the network facts of every node, in parallel (``plan --probe``: nothing is created on the nodes).
+
+    Raises :class:`StartError` naming every node that could not be probed.
+    """
+    def one(node: NodePlan) -> NodeReady:
+        res = transports[node.name].run([node.python, "-c", _GATHER_ONLY], timeout=60)
+        line = next((x for x in res.stdout.splitlines() if x.startswith("CLUSTERRUN-FACTS ")), None)
+        if line is None:
+            raise ClusterrunError(f"probing with {node.python} failed (exit {res.exit_code}): {res.tail(2) or 'no output'}")
+        peer = getattr(transports[node.name], "peer_address", None)
+        return NodeReady(node.name, net=json.loads(line.split(" ", 1)[1]).get("net"),
+                         ssh_address=peer() if peer else None)
+
+    problems: dict[str, str] = {}
+    out: dict[str, NodeReady] = {}
+    with ThreadPoolExecutor(max_workers=min(64, plan.nnodes), thread_name_prefix="facts") as pool:
+        futures = {n.name: pool.submit(one, n) for n in plan.nodes}
+        for name, future in futures.items():
+            try:
+                out[name] = future.result()
+            except ClusterrunError as exc:
+                problems[name] = getattr(exc, "reason", None) or str(exc)
+    if problems:
+        raise StartError(problems, hint="the nodes named could not be probed")
+    return out
+
+
+def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, LaunchPlan]:
+    """The inventory completed with the nodes' network facts, and the plan made from it.
+
+    A single-node plan is returned as it is (its ranks talk over loopback). Raises :class:`StartError`
+    naming each node whose listed NICs, addresses or RDMA ports are not what the node has.
+    """
+    if plan.nnodes < 2:
+        return inv, plan
+    facts: dict[str, NetFacts] = {}
+    unknown: list[str] = []
+    for name, r in ready.items():
+        if r.net is None:
+            continue
+        try:
+            facts[name] = parse_net_facts(name, r.net)
+        except ParseError as exc:  # no usable `ip` there: that node is planned from the inventory alone
+            unknown.append(f"{name}: its NICs could not be read ({exc}); planned from the inventory alone")
+    result = reconcile(inv, facts)
+    if result.problems:
+        raise StartError(dict(result.problems), hint=MISMATCH_HINT)
+    ssh = {name: r.ssh_address for name, r in ready.items() if r.ssh_address}
+    try:
+        new = build_plan(result.inventory, plan.job, ssh_addresses=ssh, probed=result.probed)
+    except PlanError as exc:
+        raise StartError({"plan": str(exc)}, hint=MISMATCH_HINT) from None
+    if unknown:
+        new = dataclasses.replace(new, warnings=(*new.warnings, *unknown))
+    return result.inventory, new
