@@ -75,3 +75,45 @@ class RunDir:
         except OSError:
             return []
         return text.splitlines()[-lines:]
+
+
+def list_runs(base: str | Path) -> list[RunDir]:
+    """Every run directory under ``base`` (those with a plan.json), oldest first (run ids sort by time)."""
+    root = Path(base)
+    if not root.is_dir():
+        return []
+    return [RunDir(p) for p in sorted(root.iterdir()) if (p / "plan.json").is_file()]
+
+
+def find_run(base: str | Path, ref: str) -> RunDir:
+    """The run ``ref`` names: a full id, a unique prefix or suffix of one, or ``last``. Raises UsageError."""
+    from clusterrun.errors import UsageError
+
+    runs = list_runs(base)
+    if not runs:
+        raise UsageError(f"no runs in {base}/ (use --runs-dir to look elsewhere)")
+    if ref == "last":
+        return runs[-1]
+    exact = [r for r in runs if r.run_id == ref]
+    matches = exact or [r for r in runs if r.run_id.startswith(ref) or r.run_id.endswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UsageError(f"no run {ref!r} in {base}/; `clusterrun runs` lists them (the last is {runs[-1].run_id})")
+    raise UsageError(f"{ref!r} matches {len(matches)} runs ({', '.join(r.run_id for r in matches[:5])}); give more of the id")
+
+
+def run_state(run: RunDir) -> dict[str, Any]:
+    """status.json, with ``state`` corrected to ``lost`` when it says running but its clusterrun process is gone."""
+    try:
+        status = run.read_json("status.json")
+    except (OSError, ValueError):
+        return {"state": "unknown"}
+    if status.get("state") in ("starting", "running") and status.get("pid"):
+        try:
+            os.kill(int(status["pid"]), 0)
+        except ProcessLookupError:
+            status["state"] = "lost"  # killed without a chance to write its end; `clusterrun down` cleans up
+        except PermissionError:
+            pass
+    return status

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from clusterrun.cli.sources_options import load_nodes, source_options, uses_source
+
 
 def _names(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
@@ -37,6 +39,7 @@ Examples:
   clusterrun doctor cluster.yaml
   clusterrun doctor cluster.yaml --checks net,cluster     # network and all-reduce only
   clusterrun doctor cluster.yaml --skip net.bandwidth --json > report.json
+  clusterrun doctor --ips 10.0.0.1,10.0.0.2 --gpus 0-7      # without an inventory file
   clusterrun doctor                                        # this machine alone
   clusterrun doctor --list
 
@@ -44,6 +47,7 @@ Exit code: 0 when every check passed (or did not apply), 3 when there are warnin
 but no failure, 1 when a check failed, 2 for bad input. The whole report, with the
 commands run and their output, is saved in runs/doctor-<time>/.""")
 @click.argument("inventory", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@source_options
 @click.option("--checks", "only", metavar="NAMES", help="Run only these checks or groups, e.g. net,gpu.busy.")
 @click.option("--skip", metavar="NAMES", help="Skip these checks or groups, e.g. net.bandwidth,cluster.")
 @click.option("--list", "list_checks", is_flag=True, help="List every check and exit.")
@@ -66,7 +70,8 @@ commands run and their output, is saved in runs/doctor-<time>/.""")
               help="Directories (colon-separated) searched first for tools on the nodes, e.g. a perftest build.")
 def doctor(inventory: Path | None, only: str | None, skip: str | None, list_checks: bool, as_json: bool,
            verbose: bool, runs_dir: Path, master_port: int | None, bandwidth_seconds: float, bandwidth_rounds: int,
-           bandwidth_tool: str, allreduce_mib: float, timeout: float, tool_path: str | None) -> int:
+           bandwidth_tool: str, allreduce_mib: float, timeout: float, tool_path: str | None,
+           **sources: Any) -> int:
     """Check that every node of INVENTORY can take part in training, and say what to fix.
 
     doctor SSHes into every node at once and checks reachability, OS, python/torch and their
@@ -91,12 +96,8 @@ def doctor(inventory: Path | None, only: str | None, skip: str | None, list_chec
     ssh = all_checks()["node.ssh"]
     if ssh not in checks and "node.ssh" not in _names(skip) and "node" not in _names(skip):
         checks.insert(0, ssh)  # an unreachable node must be named, whatever else was chosen
-    if inventory is None:
-        inv = _this_machine()  # no GPUs or NICs listed: what needs an inventory is skipped
-    else:
-        from clusterrun.inventory.yaml_source import load_inventory
-
-        inv = load_inventory(inventory)
+    # Without any source: this machine alone (no GPUs or NICs listed: what needs them is skipped).
+    inv = _this_machine() if inventory is None and not uses_source(sources) else load_nodes(inventory, **sources)
     options = Options(master_port=master_port, bandwidth_seconds=bandwidth_seconds, bandwidth_rounds=bandwidth_rounds,
                       bandwidth_tool=bandwidth_tool, allreduce_mib=allreduce_mib, allreduce_timeout=timeout,
                       path=tuple(d for d in (tool_path or "").split(":") if d))

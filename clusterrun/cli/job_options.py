@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 import click
 
+from clusterrun.cli.sources_options import load_nodes, source_options, uses_source
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: clusterrun's own options may come before or after SCRIPT; every other argument goes to the script in
@@ -19,11 +21,9 @@ JOB_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": True,
 
 
 def job_options(func: F) -> F:
-    """INVENTORY SCRIPT [ARGS]... plus the options that shape the plan."""
+    """[INVENTORY] SCRIPT [ARGS]... (INVENTORY unless --ips/--hostfile/--slurm) plus the options of the plan."""
     options = [
-        click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path)),
-        click.argument("script"),
-        click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]..."),
+        click.argument("targets", nargs=-1, type=click.UNPROCESSED, metavar="[INVENTORY] SCRIPT [ARGS]..."),
         click.option("-m", "--module", is_flag=True,
                      help="SCRIPT is a Python module name (python -m SCRIPT), not a file."),
         click.option("--nproc-per-node", type=click.IntRange(1, 1024), metavar="N",
@@ -32,6 +32,9 @@ def job_options(func: F) -> F:
                      help="Rendezvous port on the master (default: network.master_port, 29500)."),
         click.option("-e", "--env", "env", multiple=True, metavar="KEY=VALUE",
                      help="Set an environment variable on every node (repeatable; wins over the inventory)."),
+        click.option("--env-forward", multiple=True, metavar="PATTERN",
+                     help="Forward the local variables matching PATTERN (e.g. 'WANDB_*') to every node "
+                          "(repeatable; --env wins over them)."),
         click.option("--sync", "sync_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
                      metavar="DIR", help="Copy DIR (your code: modules next to SCRIPT, configs) to every node's run "
                      "directory; unchanged content is not copied again. Not needed with shared_fs."),
@@ -41,22 +44,49 @@ def job_options(func: F) -> F:
     ]
     for option in reversed(options):
         func = option(func)
-    return func
+    return source_options(func)
 
 
-def build_job(inventory: Path, script: str, script_args: tuple[str, ...], *, module: bool,
+def split_targets(targets: tuple[str, ...], sources: dict[str, Any]) -> tuple[Path | None, str, tuple[str, ...]]:
+    """(INVENTORY or None, SCRIPT, ARGS) from the positional arguments."""
+    from clusterrun.errors import UsageError
+
+    targets = tuple(targets)
+    if sources.get("slurm") and (sources["slurm"].endswith(".py") or Path(sources["slurm"]).is_file()):
+        # `--slurm train.py`: the bare flag took the script as its value.
+        targets, sources["slurm"] = (sources["slurm"], *targets), ""
+    if uses_source(sources):
+        if not targets:
+            raise UsageError("missing SCRIPT: clusterrun up --ips HOSTS [options] SCRIPT [ARGS]...")
+        return None, targets[0], targets[1:]
+    if len(targets) < 2:
+        what = "INVENTORY and SCRIPT" if not targets else "SCRIPT"
+        raise UsageError(f"missing {what}: give an inventory file and a script (clusterrun up cluster.yaml train.py), "
+                         "or the nodes with --ips/--hostfile/--slurm")
+    return Path(targets[0]), targets[1], targets[2:]
+
+
+def forwarded_env(patterns: tuple[str, ...], environ: dict[str, str] | None = None) -> list[str]:
+    """``KEY=VALUE`` for every local variable matching one of ``patterns`` (fnmatch), sorted."""
+    import fnmatch
+
+    environ = dict(os.environ) if environ is None else environ
+    return [f"{k}={environ[k]}" for k in sorted(environ) if any(fnmatch.fnmatchcase(k, p) for p in patterns)]
+
+
+def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...], *, module: bool,
               nproc_per_node: int | None, master_port: int | None, env: tuple[str, ...],
-              runs_dir: Path, sync_dir: Path | None = None) -> tuple[Any, Any]:
-    """Load the inventory and make the plan: returns (inventory, LaunchPlan). Raises ClusterrunError."""
+              runs_dir: Path, sync_dir: Path | None = None, env_forward: tuple[str, ...] = (),
+              sources: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """Load the nodes and make the plan: returns (inventory, LaunchPlan). Raises ClusterrunError."""
     from clusterrun.errors import UsageError
     from clusterrun.inventory.hostspec import parse_env_assignments
     from clusterrun.inventory.models import Transport
-    from clusterrun.inventory.yaml_source import load_inventory
     from clusterrun.plan import JobSpec, build_plan
     from clusterrun.runs import new_run_id
 
-    inv = load_inventory(inventory)
-    env_vars = parse_env_assignments(list(env), "--env")
+    inv = load_nodes(inventory, nproc_per_node=nproc_per_node, **(sources or {}))
+    env_vars = parse_env_assignments([*forwarded_env(env_forward), *env], "--env")
     needs_local_file = not module and (
         any(inv.transport_of(n) is Transport.local for n in inv.nodes) or not inv.defaults.shared_fs
     )
@@ -73,14 +103,21 @@ def build_job(inventory: Path, script: str, script_args: tuple[str, ...], *, mod
 
 
 def with_job(func: F) -> F:
-    """Decorator: turns the job options into ``inv, plan`` keyword arguments."""
+    """Decorator: turns the job and source options into ``inv, plan`` keyword arguments."""
 
     @functools.wraps(func)
-    def wrapper(inventory: Path, script: str, script_args: tuple[str, ...], module: bool,
-                nproc_per_node: int | None, master_port: int | None, env: tuple[str, ...],
-                runs_dir: Path, sync_dir: Path | None, **rest: Any) -> Any:
+    def wrapper(targets: tuple[str, ...], module: bool, nproc_per_node: int | None, master_port: int | None,
+                env: tuple[str, ...], env_forward: tuple[str, ...], runs_dir: Path, sync_dir: Path | None,
+                ips: str | None, hostfile: Path | None, slurm: str | None, gpus: str | None, ssh_user: str | None,
+                ssh_config: Path | None, node_python: str | None, data_nic: str | None, node_pattern: str | None,
+                **rest: Any) -> Any:
+        sources = {"ips": ips, "hostfile": hostfile, "slurm": slurm, "gpus": gpus, "ssh_user": ssh_user,
+                   "ssh_config": ssh_config, "node_python": node_python, "data_nic": data_nic,
+                   "node_pattern": node_pattern}
+        inventory, script, script_args = split_targets(targets, sources)
         inv, plan = build_job(inventory, script, script_args, module=module, nproc_per_node=nproc_per_node,
-                              master_port=master_port, env=env, runs_dir=runs_dir, sync_dir=sync_dir)
+                              master_port=master_port, env=env, runs_dir=runs_dir, sync_dir=sync_dir,
+                              env_forward=env_forward, sources=sources)
         return func(inv=inv, plan=plan, runs_dir=runs_dir, **rest)
 
     return wrapper  # type: ignore[return-value]

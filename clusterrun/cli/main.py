@@ -18,6 +18,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "up": ("clusterrun.cli.up_cmd", "up", "Start a training script on every node with torchrun and supervise it."),
     "doctor": ("clusterrun.cli.doctor_cmd", "doctor", "Check every node and the network between them; say what to fix."),
     "plan": ("clusterrun.cli.plan_cmd", "plan", "Show exactly what `up` would run on each node, without running it."),
+    "runs": ("clusterrun.cli.runs_cmd", "runs", "List past and running runs with their state and exit code."),
+    "status": ("clusterrun.cli.runs_cmd", "status", "Show one run: per node and rank what happened."),
+    "logs": ("clusterrun.cli.runs_cmd", "logs", "Print (or follow) a run's rank logs, prefixed [node:rank]."),
+    "down": ("clusterrun.cli.runs_cmd", "down", "Stop whatever is left of a run on every node."),
     "check": ("clusterrun.cli.check_cmd", "check", "Validate an inventory file and report every problem with its line."),
     "schema": ("clusterrun.cli.schema_cmd", "schema", "Print the inventory's JSON Schema (for editor completion)."),
 }

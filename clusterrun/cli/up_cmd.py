@@ -26,22 +26,32 @@ Examples:
   clusterrun up cluster.yaml train.py --dry-run            # print the plan only
   clusterrun up cluster.yaml train.py --ranks 0 -e NCCL_DEBUG=INFO
   clusterrun up cluster.yaml -m mypkg.train --nproc-per-node 4
+  clusterrun up cluster.yaml train.py --preflight full      # doctor's network checks first
+  clusterrun up --ips 10.0.0.1,10.0.0.2 --gpus 0,1,2,3 train.py --epochs 3   # no inventory file
+  clusterrun up --hostfile hostfile train.py               # DeepSpeed/MPI hostfile
+  clusterrun up --slurm train.py                           # inside a Slurm allocation
+  clusterrun up cluster.yaml --nodes 'gpu0[1-2]' train.py  # two nodes of the inventory
 
 Every rank's output is shown as [node:rank] and written to runs/<run-id>/<node>/rank<R>.log;
 runs/<run-id>/status.json has per-rank exit codes and timings. Exit code: 0 when every rank
 succeeds, the first failing rank's exit code otherwise, 125 when the job could not start,
-130 after Ctrl-C.""",
+124 when it ran past --timeout, 130 after Ctrl-C.""",
 )
 @job_options
 @click.option("--dry-run", is_flag=True, help="Print the plan (as `clusterrun plan` does) and run nothing.")
 @click.option("--ranks", metavar="LIST", help="Show only these global ranks' output, e.g. 0 or 0,8 (all are logged).")
 @click.option("-q", "--quiet", is_flag=True, help="Show no rank output, only clusterrun's messages and the summary.")
+@click.option("--preflight", "preflight_mode", type=click.Choice(["quick", "full", "off"]), default="quick",
+              show_default=True, help="Before starting: quick = every node reaches rank 0's master port on the data "
+              "network (about a second); full = doctor's network checks too; off = no check.")
+@click.option("--timeout", "time_limit", type=click.FloatRange(1, None), metavar="SECONDS",
+              help="Stop the job (exit 124) if it runs longer than this; by default it may run forever.")
 @click.option("--grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
               help="After a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.")
 @with_job
 def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool,
-       grace: float) -> int:
-    """Start SCRIPT with torchrun on every node of INVENTORY and supervise it to the end.
+       preflight_mode: str, time_limit: float | None, grace: float) -> int:
+    """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
 
     clusterrun computes each node's rank, the master address on the data network and the
     NCCL/Gloo environment (see `clusterrun plan`), starts torchrun on all nodes at once,
@@ -58,10 +68,9 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     from clusterrun.launch.supervisor import SupervisorSettings
     from clusterrun.launch.up import execute
 
-    for warning in plan.warnings:
-        click.echo(f"clusterrun: warning: {warning}", err=True)
     console = Console(ranks=_parse_ranks(ranks), quiet=quiet)
-    outcome, run_dir = execute(inv, plan, runs_dir, console, SupervisorSettings(grace=grace))
+    outcome, run_dir = execute(inv, plan, runs_dir, console, SupervisorSettings(grace=grace, timeout=time_limit),
+                               preflight_mode)
     if as_json:
         import json
 

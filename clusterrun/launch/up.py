@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -10,30 +11,78 @@ from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RunOutcome
+from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.preflight import preflight, remove_archives
 from clusterrun.launch.recover import recover_lost
+from clusterrun.launch.replan import plan_with_facts
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
 from clusterrun.launch.transports import open_transports
 from clusterrun.plan import LaunchPlan
 from clusterrun.runs import RunDir
+from clusterrun.transport.base import Transport
+
+PREFLIGHT_MODES = ("quick", "full", "off")
+PATH_HINT = ("no node was started; `clusterrun doctor <inventory> --checks net` shows more; `--preflight off` skips "
+             "this check (if ICMP is blocked on purpose, for example)")
+
+
+def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transport], run_dir: RunDir,
+                console: Console, mode: str) -> None:
+    """The connectivity check before the start (``--preflight``); its result goes to preflight.json."""
+    record: dict[str, object] = {"mode": mode}
+    try:
+        if mode == "off" or plan.nnodes < 2:
+            record["skipped"] = "--preflight off" if mode == "off" else "single node"
+            return
+        if mode == "full":
+            from clusterrun.doctor.preflight import full_check
+
+            console.info("running doctor's network checks (--preflight full)...")
+            failures, where = full_check(inv, transports, run_dir.path / "doctor")
+            record["doctor"] = {"report": str(where), "failures": failures}
+            if failures:
+                raise StartError({f"doctor {i + 1}": f for i, f in enumerate(failures)},
+                                 hint=f"report in {where}/; {PATH_HINT}")
+        report = quick_check(plan, transports)
+        record.update(report.to_dict())
+        for note in report.notes:
+            console.info(note)
+        if report.problems:
+            raise StartError(report.problems, hint=PATH_HINT)
+        console.info(f"network paths to {plan.master.name} ok ({report.seconds:.1f}s)")
+    finally:
+        run_dir.write_json("preflight.json", record)
 
 
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
-            settings: SupervisorSettings | None = None) -> tuple[RunOutcome, RunDir]:
+            settings: SupervisorSettings | None = None, preflight_mode: str = "quick") -> tuple[RunOutcome, RunDir]:
     """Run ``plan`` to its end. Returns the outcome and the run directory.
+
+    Before the start: preflight (every node ready), the plan completed from the nodes' facts, and the
+    connectivity check of ``preflight_mode`` (quick, full or off).
 
     Raises :class:`StartError` when a node could not be started (then nothing runs anywhere).
     ``status.json`` always ends up describing what happened, written atomically.
     """
     run_dir = RunDir.create(runs_dir, plan.run_id)
     run_dir.write_json("plan.json", plan.to_dict())
-    run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "starting", "started": time.time()})
+    # How to reach the nodes again later (`clusterrun down`, `logs -f`), whatever the source of the nodes was.
+    run_dir.write_json("inventory.json", inv.model_dump(mode="json", exclude_defaults=True))
+    run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "starting", "started": time.time(),
+                                       "pid": os.getpid()})
     transports = open_transports(inv, plan)
     try:
         try:
             if any(n.transport is TransportKind.ssh for n in plan.nodes):
                 console.info(f"checking {plan.nnodes} node(s)...")
             ready = preflight(plan, transports)
+            inv, plan = plan_with_facts(inv, plan, ready)
+            run_dir.write_json("plan.json", plan.to_dict())
+            for line in plan.probed:
+                console.info(f"from the node: {line}")
+            for warning in plan.warnings:
+                console.info(f"warning: {warning}")
+            check_paths(inv, plan, transports, run_dir, console, preflight_mode)
             copied = sum(len(r.copied) for r in ready.values())
             if copied:
                 console.info(f"copied {copied} file(s) to the nodes")

@@ -1,0 +1,174 @@
+"""Day-to-day commands on past and running runs: `runs`, `status`, `logs`, `down`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+RUNS_DIR = click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
+                        show_default=True, help="Where the run directories are.")
+RUN_ARG = click.argument("run", default="last", required=False, metavar="[RUN]")
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+@click.command(epilog="""\b
+Examples:
+  clusterrun runs
+  clusterrun runs --json | jq '.[] | select(.state == "failed")'""")
+@RUNS_DIR
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def runs(runs_dir: Path, as_json: bool) -> int:
+    """List the runs in the runs directory: id, state, nodes, ranks, start, duration, exit code."""
+    from clusterrun.runs import list_runs, run_state
+
+    rows = []
+    for run in list_runs(runs_dir):
+        plan = run.read_json("plan.json")
+        status = run_state(run)
+        rows.append({"run_id": run.run_id, "state": status.get("state"), "nodes": len(plan.get("nodes", [])),
+                     "world_size": plan.get("world_size"), "script": plan.get("script"),
+                     "started": status.get("started"), "duration": status.get("duration"),
+                     "exit_code": status.get("exit_code")})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        click.echo(f"no runs in {runs_dir}/")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, padding=(0, 2))
+    for column in ("run", "state", "nodes", "ranks", "started", "took", "exit", "script"):
+        table.add_column(column, no_wrap=column != "script")
+    for r in rows:
+        took = f"{r['duration']:.1f}s" if isinstance(r["duration"], (int, float)) else "-"
+        table.add_row(r["run_id"], str(r["state"]), str(r["nodes"]), str(r["world_size"]), _when(r["started"]), took,
+                      "-" if r["exit_code"] is None else str(r["exit_code"]), str(r["script"]))
+    Console(highlight=False, width=None if sys.stdout.isatty() else 200).print(table)
+    return 0
+
+
+@click.command(epilog="""\b
+Examples:
+  clusterrun status              # the last run
+  clusterrun status 20261123-101500-a1b2 --json""")
+@RUN_ARG
+@RUNS_DIR
+@click.option("--json", "as_json", is_flag=True, help="Print status.json (with the state checked) as JSON.")
+def status(run: str, runs_dir: Path, as_json: bool) -> int:
+    """Show one run: its state, and per node and rank what happened (RUN: an id, a unique part of one, or last)."""
+    from clusterrun.runs import find_run, run_state
+
+    found = find_run(runs_dir, run)
+    state = run_state(found)
+    if as_json:
+        click.echo(json.dumps(state, indent=2))
+        return 0
+    plan = found.read_json("plan.json")
+    click.echo(f"run {found.run_id}: {state.get('state')}, {len(plan['nodes'])} node(s), {plan['world_size']} rank(s), "
+               f"script {plan['script']}, started {_when(state.get('started'))}"
+               + (f", exit code {state['exit_code']}" if state.get("exit_code") is not None else ""))
+    for name, node in (state.get("nodes") or {}).items():
+        ranks = ", ".join(f"{r}: {o['state']}" + (f" ({o['signal'] or o['exit_code']})" if o.get("exit_code") else "")
+                          for r, o in node.get("ranks", {}).items())
+        click.echo(f"  {name}: {node['state']}" + (f" - {node['reason']}" if node.get("reason") and
+                                                    node["state"] != "succeeded" else "") + f"; ranks {ranks}")
+    for name, problem in (state.get("problems") or {}).items():
+        click.echo(f"  {name}: {problem}")
+    if state.get("first_failure"):
+        f = state["first_failure"]
+        click.echo(f"first failure: {f['node']} rank {f['rank']}: exit code {f['exit_code']} {f.get('detail') or ''}")
+    for note in state.get("notes") or ():
+        click.echo(f"note: {note}")
+    if state.get("state") == "lost":
+        click.echo(f"clusterrun stopped without recording the end; `clusterrun down {found.run_id}` stops what is left")
+    click.echo(f"logs: {found.path}/")
+    return 0
+
+
+def _rank_logs(run_dir: Any, node: str | None, rank: int | None) -> list[tuple[str, int, Path]]:
+    from clusterrun.errors import UsageError
+
+    logs = []
+    for path in sorted(run_dir.path.glob("*/rank*.log"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0):
+        r = int(path.stem[4:]) if path.stem[4:].isdigit() else -1
+        if (node is None or path.parent.name == node) and (rank is None or r == rank):
+            logs.append((path.parent.name, r, path))
+    if not logs:
+        what = " and ".join(x for x in (f"node {node}" if node else "", f"rank {rank}" if rank is not None else "") if x)
+        raise UsageError(f"no rank logs{' for ' + what if what else ''} in {run_dir.path}/")
+    return logs
+
+
+@click.command(epilog="""\b
+Examples:
+  clusterrun logs                      # every rank of the last run
+  clusterrun logs last --rank 0 -f     # follow rank 0 while the run goes on
+  clusterrun logs 0f3c --node gpu02""")
+@RUN_ARG
+@RUNS_DIR
+@click.option("--node", help="Only this node's ranks.")
+@click.option("--rank", type=int, help="Only this global rank.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C to stop).")
+def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: bool) -> int:
+    """Print a run's rank logs, each line prefixed [node:rank] (RUN: an id, a unique part of one, or last)."""
+    from clusterrun.runs import find_run, run_state
+
+    found = find_run(runs_dir, run)
+    offsets: dict[Path, int] = {}
+    pending: dict[Path, bytes] = {}
+    while True:
+        for name, r, path in _rank_logs(found, node, rank):
+            with open(path, "rb") as fh:
+                fh.seek(offsets.get(path, 0))
+                data = pending.pop(path, b"") + fh.read()
+                offsets[path] = fh.tell()
+            *lines, rest = data.split(b"\n")
+            if rest:
+                pending[path] = rest  # half a line: wait for the rest
+            for line in lines:
+                sys.stdout.write(f"[{name}:{r}] {line.decode('utf-8', errors='replace')}\n")
+        sys.stdout.flush()
+        if not follow or run_state(found).get("state") not in ("starting", "running"):
+            for path, rest in pending.items():
+                sys.stdout.write(f"[{path.parent.name}:{path.stem[4:]}] {rest.decode('utf-8', errors='replace')}\n")
+            return 0
+        time.sleep(0.5)
+
+
+@click.command(epilog="""\b
+Examples:
+  clusterrun down                 # the last run
+  clusterrun down 20261123-101500-a1b2 --grace 10""")
+@RUN_ARG
+@RUNS_DIR
+@click.option("--grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
+              help="Between SIGTERM and SIGKILL on each node.")
+def down(run: str, runs_dir: Path, grace: float) -> int:
+    """Stop whatever is left of a run on every node (a leftover, or a run whose clusterrun was killed).
+
+    Every process carrying the run's id is sent SIGTERM, then SIGKILL after the grace period, on
+    all nodes at once; afterwards nothing of the run runs anywhere. Nodes that cannot be reached are named.
+    """
+    from clusterrun.launch.sweep import sweep_run
+    from clusterrun.runs import find_run
+
+    found = find_run(runs_dir, run)
+    results = sweep_run(found, grace)
+    failed = 0
+    for name, (pids, problem) in results.items():
+        if problem:
+            failed += 1
+            click.echo(f"{name}: could not check: {problem}", err=True)
+        else:
+            click.echo(f"{name}: {'stopped ' + str(len(pids)) + ' process(es)' if pids else 'nothing left'}")
+    return 1 if failed else 0

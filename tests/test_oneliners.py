@@ -1,0 +1,76 @@
+"""Nodes without an inventory file, on the simulated cluster: --ips, --hostfile, --slurm, and --nodes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from simcluster import SimCluster
+from simjobs import run_clusterrun, write_inventory
+from test_ssh_up import WORKER, reports
+
+pytestmark = pytest.mark.cluster
+
+
+def ip_ssh_config(cluster: SimCluster, path: Path) -> Path:
+    """An ssh_config for reaching the nodes by their management addresses (what --ips users type)."""
+    blocks = [f"Host {n.mgmt_ip}\n    User root\n    IdentityFile {cluster.identity_file}\n    IdentitiesOnly yes\n"
+              f"    UserKnownHostsFile {cluster.known_hosts}\n    StrictHostKeyChecking yes\n    BatchMode yes\n"
+              for n in cluster.nodes]
+    path.write_text("\n".join(blocks) + "\n" + cluster.ssh_config.read_text())
+    return path
+
+
+def plan_json(cwd: Path, *args: str) -> dict:
+    (cwd / "x.py").write_text("")
+    done = run_clusterrun("plan", *args, "x.py", "--json", cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_ips_one_liner_runs_on_the_probed_data_nic(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
+    ips = ",".join(n.mgmt_ip for n in sim_cluster.nodes[:2])
+    (tmp_path / "worker.py").write_text(WORKER)
+    done = run_clusterrun("up", "--ips", ips, "--ssh-config", str(cfg), "--python", sys.executable,
+                          "--nproc-per-node", "2", "worker.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    got = reports(done.stdout)
+    assert len(got) == 4 and {r["sum"] for r in got} == {10.0}
+    assert {r["GLOO_SOCKET_IFNAME"] for r in got} == {sim_cluster.nodes[0].data_nic}
+    assert {r["MASTER_ADDR"] for r in got} == {sim_cluster.nodes[0].data_ip}
+    assert {r["host"] for r in got} == {"node0", "node1"}
+
+
+def test_ips_plan_shows_what_the_one_liner_means(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    ips = f"{sim_cluster.nodes[0].mgmt_ip},{sim_cluster.nodes[1].mgmt_ip}:22"
+    plan = plan_json(tmp_path, "--ips", ips, "--gpus", "0-3")
+    assert [(n["name"], n["host"], n["node_rank"], n["nproc_per_node"]) for n in plan["nodes"]] == [
+        (sim_cluster.nodes[0].mgmt_ip, sim_cluster.nodes[0].mgmt_ip, 0, 4),
+        (sim_cluster.nodes[1].mgmt_ip, sim_cluster.nodes[1].mgmt_ip, 1, 4)]
+
+
+def test_hostfile_slots_set_processes_per_node(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    (tmp_path / "hostfile").write_text("# DeepSpeed style\nnode0 slots=2\n\nnode1 slots=1  # smaller box\n")
+    plan = plan_json(tmp_path, "--hostfile", "hostfile", "--ssh-config", str(sim_cluster.ssh_config))
+    assert [(n["name"], n["nproc_per_node"]) for n in plan["nodes"]] == [("node0", 2), ("node1", 1)]
+    assert plan["world_size"] == 3
+
+
+def test_slurm_node_list_and_the_probe(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    args = ("--slurm", "node[0-2]", "--ssh-config", str(sim_cluster.ssh_config), "--python", sys.executable)
+    plan = plan_json(tmp_path, *args, "--probe")
+    assert [n["name"] for n in plan["nodes"]] == ["node0", "node1", "node2"]
+    assert plan["master_addr"] == sim_cluster.nodes[0].data_ip
+    assert [n["data_nic"] for n in plan["nodes"]] == [sim_cluster.nodes[i].data_nic for i in range(3)]
+
+
+def test_nodes_picks_a_subset_of_an_inventory(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 4)
+    plan = plan_json(tmp_path, str(inv), "--nodes", "node[1-2]")
+    assert [(n["name"], n["node_rank"]) for n in plan["nodes"]] == [("node1", 0), ("node2", 1)]
+    assert plan["master_addr"] == sim_cluster.nodes[1].data_ip
+    done = run_clusterrun("plan", str(inv), "x.py", "--nodes", "gpu*", cwd=tmp_path)
+    assert done.returncode == 2 and "selects no node" in done.stderr and "node[0-3]" in done.stderr
