@@ -81,8 +81,14 @@ def resolve_data_network(inv: Inventory, ssh_addresses: Mapping[str, str] | None
 
 def _by_subnet(inv: Inventory, subnet: ipaddress.IPv4Network | ipaddress.IPv6Network, description: str) -> DataNetwork:
     paths = []
+    warnings = []
     for node in inv.nodes:
         nic = node.nic_in(subnet)
+        if nic is None and not node.nics:
+            # Nothing listed (a one-liner): `up` and `plan --probe` fill the NIC in from the node itself.
+            warnings.append(f"{node.name}: lists no NICs; its NIC in {subnet} is taken from the node when it is probed")
+            paths.append(DataPath(node.name, None, node.host, f"no NICs listed; the node's NIC in {subnet} is probed"))
+            continue
         if nic is None:
             raise PlanError(
                 f"{node.name}: no NIC with an address in the data subnet {subnet}; list it under nodes[].nics "
@@ -90,7 +96,7 @@ def _by_subnet(inv: Inventory, subnet: ipaddress.IPv4Network | ipaddress.IPv6Net
             )
         address, why = _address_or_host(node, nic, f"{nic.name} is in {subnet}")
         paths.append(DataPath(node.name, nic.name, address, why))
-    return DataNetwork(description, tuple(paths))
+    return DataNetwork(description, tuple(paths), tuple(warnings))
 
 
 def _by_name(inv: Inventory, name: str) -> DataNetwork:

@@ -488,9 +488,9 @@ def test_topology_data_nic_known_and_unknown() -> None:
     found = run("gpu.topology", inv, facts("gpu01", nvidia_topo=topo("4gpu_pcie_nic_legend.txt")))
     assert by_verdict(found, Verdict.passed)[0].data["data_nic"] == "ib0"
 
-    # gpu02 lists no NIC in the data subnet: the data network cannot be resolved, the check still runs.
-    inv = inventory({"name": "gpu01", "gpus": 4, "nics": [nic]}, {"name": "gpu02", "gpus": 4},
-                    network={"data": "10.20.0.0/16"})
+    # The nodes share no subnet: the data network is unknown, the check still runs.
+    inv = inventory({"name": "gpu01", "gpus": 4, "nics": [nic]},
+                    {"name": "gpu02", "gpus": 4, "nics": [{"name": "eth0", "ip": "10.30.0.2/16"}]})
     found = run("gpu.topology", inv, facts("gpu01", nvidia_topo=topo("4gpu_pcie_nic_legend.txt")))
     assert [f.verdict for f in found] == [Verdict.passed, Verdict.warned]
     assert found[0].data["data_nic"] is None

@@ -74,3 +74,47 @@ def test_nodes_picks_a_subset_of_an_inventory(sim_cluster: SimCluster, tmp_path:
     assert plan["master_addr"] == sim_cluster.nodes[1].data_ip
     done = run_clusterrun("plan", str(inv), "x.py", "--nodes", "gpu*", cwd=tmp_path)
     assert done.returncode == 2 and "selects no node" in done.stderr and "node[0-3]" in done.stderr
+
+
+def test_doctor_on_a_one_liner_pings_the_networks_it_finds(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
+    ips = ",".join(n.mgmt_ip for n in sim_cluster.nodes[:3])
+    done = run_clusterrun("doctor", "--ips", ips, "--ssh-config", str(cfg), "--python", sys.executable, "--json",
+                          "--checks", "net.ping", cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    ping = next(c for c in report["checks"] if c["name"] == "net.ping")
+    assert sorted(f["subject"] for f in ping["findings"]) == sorted([sim_cluster.mgmt_subnet, sim_cluster.data_subnet])
+    assert f"data: {sim_cluster.data_subnet}" in report["recommended"]
+
+
+def test_data_nic_as_a_subnet_works_for_a_one_liner(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
+    ips = ",".join(n.mgmt_ip for n in sim_cluster.nodes[:2])
+    plan = plan_json(tmp_path, "--ips", ips, "--ssh-config", str(cfg), "--python", sys.executable,
+                     "--data-nic", sim_cluster.mgmt_subnet, "--probe")
+    assert plan["master_addr"] == sim_cluster.nodes[0].mgmt_ip  # the user's choice, even the slower network
+    assert [n["data_nic"] for n in plan["nodes"]] == [sim_cluster.nodes[0].mgmt_nic, sim_cluster.nodes[1].mgmt_nic]
+
+
+def test_init_writes_an_inventory_that_up_runs(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
+    ips = ",".join(n.mgmt_ip for n in sim_cluster.nodes[:2])
+    out = tmp_path / "cluster.yaml"
+    done = run_clusterrun("init", "--ips", ips, "--ssh-config", str(cfg), "--python", sys.executable, "-o", str(out),
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert f"data: {sim_cluster.data_subnet}" in text
+    for node in sim_cluster.nodes[:2]:
+        assert f"{{name: {node.data_nic}, ip: {node.data_ip}/24" in text
+        assert f"{{name: {node.mgmt_nic}, ip: {node.mgmt_ip}/24" in text
+    assert "SSH reaches the node here" in text
+    again = run_clusterrun("init", "--ips", ips, "--ssh-config", str(cfg), "-o", str(out), cwd=tmp_path)
+    assert again.returncode == 2 and "--force" in again.stderr and out.read_text() == text  # nothing overwritten
+    assert run_clusterrun("check", str(out), cwd=tmp_path).returncode == 0
+    (tmp_path / "worker.py").write_text(WORKER)
+    up = run_clusterrun("up", str(out), "worker.py", "--preflight", "quick", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    assert {r["GLOO_SOCKET_IFNAME"] for r in reports(up.stdout)} == {sim_cluster.nodes[0].data_nic}
+    assert "from the node" not in up.stderr  # the inventory already said everything

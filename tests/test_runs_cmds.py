@@ -97,6 +97,7 @@ def test_down_stops_what_a_hung_agent_left_behind(sim_cluster: SimCluster, tmp_p
         assert "node0: stopped" in done.stdout and "node1: stopped" in done.stdout
         assert time.monotonic() - started < 15
         assert sim_cluster.wait_no_processes(run.name, 2) == {}
+        assert json.loads(run_clusterrun("status", "--json", cwd=tmp_path).stdout)["state"] == "stopped"
     finally:
         for pid in agents:  # the hung agents are ours: let them go
             with contextlib.suppress(ProcessLookupError):

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -229,21 +230,29 @@ def _agent_of(run_id: str, node: str) -> int:
     raise AssertionError(f"no torchrun of {node} in run {run_id}")
 
 
-def test_broken_stream_logs_are_fetched_from_the_node(sim_cluster: SimCluster, tmp_path: Path) -> None:
-    """The agent on node1 dies: its stream breaks, but what its rank wrote afterwards still reaches runs/."""
-    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
-    (tmp_path / "job.py").write_text(CLEANUP_ON_TERM)
-    proc = start_clusterrun("up", str(inv), "job.py", cwd=tmp_path)
+def _fault_mid_run(cwd: Path, script: str, needle: str, fault: Callable[[Path], object]) -> tuple[Path, int, str]:
+    """Start `up` on cluster.yaml, wait until both ranks printed ``needle``, apply ``fault`` to the run directory,
+    and let clusterrun finish (killed after 90 s). Returns the run directory, clusterrun's exit code and stderr."""
+    proc = start_clusterrun("up", str(cwd / "cluster.yaml"), script, cwd=cwd)
     try:
-        _wait_for_lines(proc, 2, "ready")
-        run = the_run(tmp_path)
-        os.kill(_agent_of(run.name, "node1"), signal.SIGKILL)
+        _wait_for_lines(proc, 2, needle)
+        run = the_run(cwd)
+        fault(run)
         _out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode not in (0, None), err
+    return run, proc.returncode, err
+
+
+def test_broken_stream_logs_are_fetched_from_the_node(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """The agent on node1 dies: its stream breaks, but what its rank wrote afterwards still reaches runs/."""
+    write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "job.py").write_text(CLEANUP_ON_TERM)
+    run, rc, err = _fault_mid_run(tmp_path, "job.py", "ready",
+                                  lambda run: os.kill(_agent_of(run.name, "node1"), signal.SIGKILL))
+    assert rc not in (0, None), err
     assert "collecting logs and checking for leftovers on node1" in err
     log = (run / "node1" / "rank1.log").read_text()
     # Written after the agent died (torchrun got SIGTERM and passed it on): only the node's log file had it.
@@ -256,19 +265,10 @@ def test_broken_stream_logs_are_fetched_from_the_node(sim_cluster: SimCluster, t
 
 def test_partitioned_node_is_reported_and_its_watchdog_stops_the_job(sim_cluster: SimCluster, tmp_path: Path) -> None:
     """node1 falls off the network mid-run: the run fails naming it, and node1's own agent stops the job there."""
-    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     (tmp_path / "sleep.py").write_text(SLEEPER)
-    proc = start_clusterrun("up", str(inv), "sleep.py", cwd=tmp_path)
-    try:
-        _wait_for_lines(proc, 2, "sleeping")
-        run = the_run(tmp_path)
-        sim_cluster.partition("node1")
-        _out, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode not in (0, None), err
+    run, rc, err = _fault_mid_run(tmp_path, "sleep.py", "sleeping", lambda _run: sim_cluster.partition("node1"))
+    assert rc not in (0, None), err
     assert "node1" in err.split("first failure:")[1].splitlines()[0]
     notes = " ".join(status(run)["notes"])
     assert "node1: could not reach the node after its stream broke" in notes, notes

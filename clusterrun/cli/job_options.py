@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -71,7 +72,9 @@ def forwarded_env(patterns: tuple[str, ...], environ: dict[str, str] | None = No
     import fnmatch
 
     environ = dict(os.environ) if environ is None else environ
-    return [f"{k}={environ[k]}" for k in sorted(environ) if any(fnmatch.fnmatchcase(k, p) for p in patterns)]
+    valid = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a shell may hold odd names; they cannot be forwarded
+    return [f"{k}={environ[k]}" for k in sorted(environ)
+            if valid.fullmatch(k) and any(fnmatch.fnmatchcase(k, p) for p in patterns)]
 
 
 def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...], *, module: bool,
@@ -86,7 +89,9 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
     from clusterrun.runs import new_run_id
 
     inv = load_nodes(inventory, nproc_per_node=nproc_per_node, **(sources or {}))
-    env_vars = parse_env_assignments([*forwarded_env(env_forward), *env], "--env")
+    # --env wins over what --env-forward brings along (both may name the same variable).
+    env_vars = {**parse_env_assignments(forwarded_env(env_forward), "--env-forward"),
+                **parse_env_assignments(list(env), "--env")}
     needs_local_file = not module and (
         any(inv.transport_of(n) is Transport.local for n in inv.nodes) or not inv.defaults.shared_fs
     )

@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "up": ("clusterrun.cli.up_cmd", "up", "Start a training script on every node with torchrun and supervise it."),
     "doctor": ("clusterrun.cli.doctor_cmd", "doctor", "Check every node and the network between them; say what to fix."),
     "plan": ("clusterrun.cli.plan_cmd", "plan", "Show exactly what `up` would run on each node, without running it."),
+    "init": ("clusterrun.cli.init_cmd", "init", "Write an inventory by probing the nodes given with --ips/--hostfile/--slurm."),
+    "exec": ("clusterrun.cli.exec_cmd", "exec_", "Run a shell command on every node at once, with a per-node summary."),
     "runs": ("clusterrun.cli.runs_cmd", "runs", "List past and running runs with their state and exit code."),
     "status": ("clusterrun.cli.runs_cmd", "status", "Show one run: per node and rank what happened."),
     "logs": ("clusterrun.cli.runs_cmd", "logs", "Print (or follow) a run's rank logs, prefixed [node:rank]."),

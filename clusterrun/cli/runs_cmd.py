@@ -78,17 +78,24 @@ def status(run: str, runs_dir: Path, as_json: bool) -> int:
                f"script {plan['script']}, started {_when(state.get('started'))}"
                + (f", exit code {state['exit_code']}" if state.get("exit_code") is not None else ""))
     for name, node in (state.get("nodes") or {}).items():
-        ranks = ", ".join(f"{r}: {o['state']}" + (f" ({o['signal'] or o['exit_code']})" if o.get("exit_code") else "")
-                          for r, o in node.get("ranks", {}).items())
-        click.echo(f"  {name}: {node['state']}" + (f" - {node['reason']}" if node.get("reason") and
-                                                    node["state"] != "succeeded" else "") + f"; ranks {ranks}")
+        ranks = ", ".join(f"{r}: {o['state']}" + (f" ({o.get('signal') or o['exit_code']})" if o.get("exit_code")
+                                                  else "") for r, o in node.get("ranks", {}).items())
+        what = node.get("state") or (f"exit code {node['exit_code']}" if node.get("exit_code") is not None else
+                                     state.get("state"))
+        reason = f" - {node['reason']}" if node.get("reason") and what != "succeeded" else ""
+        click.echo(f"  {name}: {what}{reason}" + (f"; ranks {ranks}" if ranks else ""))
     for name, problem in (state.get("problems") or {}).items():
         click.echo(f"  {name}: {problem}")
     if state.get("first_failure"):
         f = state["first_failure"]
-        click.echo(f"first failure: {f['node']} rank {f['rank']}: exit code {f['exit_code']} {f.get('detail') or ''}")
+        who = f"{f['node']} rank {f['rank']}" if f.get("rank") is not None else f["node"]
+        detail = f" ({f['detail']})" if f.get("detail") else ""
+        click.echo(f"first failure: {who}: exit code {f['exit_code']}{detail}")
     for note in state.get("notes") or ():
         click.echo(f"note: {note}")
+    if state.get("state") == "detached":
+        click.echo(f"detached: it runs on its own; `clusterrun logs {found.run_id} -f` follows it (and records its "
+                   f"end), `clusterrun down {found.run_id}` stops it")
     if state.get("state") == "lost":
         click.echo(f"clusterrun stopped without recording the end; `clusterrun down {found.run_id}` stops what is left")
     click.echo(f"logs: {found.path}/")
@@ -124,6 +131,8 @@ def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: b
     from clusterrun.runs import find_run, run_state
 
     found = find_run(runs_dir, run)
+    if run_state(found).get("state") == "detached":
+        return _remote_logs(found, node, rank, follow)
     offsets: dict[Path, int] = {}
     pending: dict[Path, bytes] = {}
     while True:
@@ -171,4 +180,50 @@ def down(run: str, runs_dir: Path, grace: float) -> int:
             click.echo(f"{name}: could not check: {problem}", err=True)
         else:
             click.echo(f"{name}: {'stopped ' + str(len(pids)) + ' process(es)' if pids else 'nothing left'}")
+    from clusterrun.runs import run_state
+
+    state = run_state(found)
+    if not failed and state.get("state") in ("starting", "running", "lost", "detached"):
+        # Its clusterrun is gone (or stops now too): record the end it could not write.
+        state.update(state="stopped", ended=time.time(), stopped_by="clusterrun down")
+        state.pop("pid", None)
+        found.write_json("status.json", state)
     return 1 if failed else 0
+
+
+def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool) -> int:
+    """A detached run's logs live on its nodes: read them there (every 2 s with -f, until nothing of it runs)."""
+    from clusterrun.launch.remote_logs import fetch
+
+    received: dict[tuple[str, int, str], int] = {}
+    while True:
+        results = fetch(found, received)
+        for name, r in results.items():
+            for rk, _stream, lines in sorted(r.lines):
+                if (node is None or name == node) and (rank is None or rk == rank):
+                    for line in lines:
+                        sys.stdout.write(f"[{name}:{rk}] {line}\n")
+            if r.problem:
+                click.echo(f"clusterrun: {name}: {r.problem}", err=True)
+        sys.stdout.flush()
+        running = any(r.alive for r in results.values()) or any(r.problem for r in results.values())
+        if not running:
+            _record_detached_end(found, results)
+        if not follow or not running:
+            return 0
+        time.sleep(2.0)
+
+
+def _record_detached_end(found: Any, results: dict[str, Any]) -> None:
+    """Once nothing of a detached run is left, write its end from the nodes' own records."""
+    codes = {name: (r.record or {}).get("rc") for name, r in results.items()}
+    state = found.read_json("status.json")
+    if state.get("state") != "detached":
+        return
+    failed = {n: c for n, c in codes.items() if c != 0}
+    state.update(state="failed" if failed else "succeeded", ended=time.time(),
+                 exit_code=next(iter(failed.values()), 0) if failed else 0, detached=True,
+                 nodes={n: {**state.get("nodes", {}).get(n, {}), "exit_code": c} for n, c in codes.items()})
+    if state["exit_code"] is None:
+        state["exit_code"] = 1  # a node left no record of its end
+    found.write_json("status.json", state)

@@ -31,6 +31,7 @@ Examples:
   clusterrun up --hostfile hostfile train.py               # DeepSpeed/MPI hostfile
   clusterrun up --slurm train.py                           # inside a Slurm allocation
   clusterrun up cluster.yaml --nodes 'gpu0[1-2]' train.py  # two nodes of the inventory
+  clusterrun up cluster.yaml train.py --detach              # start, print the run id, return
 
 Every rank's output is shown as [node:rank] and written to runs/<run-id>/<node>/rank<R>.log;
 runs/<run-id>/status.json has per-rank exit codes and timings. Exit code: 0 when every rank
@@ -44,13 +45,15 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 @click.option("--preflight", "preflight_mode", type=click.Choice(["quick", "full", "off"]), default="quick",
               show_default=True, help="Before starting: quick = every node reaches rank 0's master port on the data "
               "network (about a second); full = doctor's network checks too; off = no check.")
+@click.option("--detach", is_flag=True, help="Start the job, print its run id and return; it runs on without "
+              "clusterrun (`clusterrun logs RUN -f` follows it, `clusterrun down RUN` stops it).")
 @click.option("--timeout", "time_limit", type=click.FloatRange(1, None), metavar="SECONDS",
               help="Stop the job (exit 124) if it runs longer than this; by default it may run forever.")
 @click.option("--grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
               help="After a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.")
 @with_job
 def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool,
-       preflight_mode: str, time_limit: float | None, grace: float) -> int:
+       preflight_mode: str, detach: bool, time_limit: float | None, grace: float) -> int:
     """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
 
     clusterrun computes each node's rank, the master address on the data network and the
@@ -69,8 +72,17 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     from clusterrun.launch.up import execute
 
     console = Console(ranks=_parse_ranks(ranks), quiet=quiet)
+    if detach and time_limit:
+        from clusterrun.errors import UsageError
+
+        raise UsageError("--timeout needs clusterrun to stay with the job; it cannot be used with --detach")
     outcome, run_dir = execute(inv, plan, runs_dir, console, SupervisorSettings(grace=grace, timeout=time_limit),
-                               preflight_mode)
+                               preflight_mode, detach=detach)
+    if outcome is None:
+        click.echo(plan.run_id)
+        click.echo(f"clusterrun: detached: run {plan.run_id} goes on without clusterrun; follow it with "
+                   f"`clusterrun logs {plan.run_id} -f`, stop it with `clusterrun down {plan.run_id}`", err=True)
+        return 0
     if as_json:
         import json
 

@@ -39,6 +39,37 @@ def probe_all(inv: Inventory, transports: dict[str, Transport], path: tuple[str,
         return {name: f.result() for name, f in futures.items()}
 
 
+def with_probed_nics(inv: Inventory, facts: dict[str, NodeFacts]) -> Inventory:
+    """Nodes that list no NICs (one-liners) get the ones their probe saw, so the network checks have networks."""
+    from clusterrun.doctor.parsers import ip
+    from clusterrun.errors import ParseError
+    from clusterrun.node_facts import NetFacts, RdmaPort, reconcile
+
+    found: dict[str, NetFacts] = {}
+    for node in inv.nodes:
+        f = facts.get(node.name)
+        text = f.output("ip_addr") if f is not None and not node.nics else None
+        if not text:
+            continue
+        try:
+            interfaces = ip.parse(text)
+        except ParseError:
+            continue
+        speeds = {}
+        for line in (f.output("net_speed") or "").splitlines():
+            name, _, value = line.partition(" ")
+            if value.strip().lstrip("-").isdigit():
+                speeds[name] = int(value)
+        rdma = []
+        for line in (f.output("rdma_sys") or "").splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[1].isdigit():
+                netdevs = tuple(d for d in (parts[3] if len(parts) > 3 else "").split(",") if d)
+                rdma.append(RdmaPort(parts[0], int(parts[1]), "", parts[2], netdevs))  # state unknown: not RDMA here
+        found[node.name] = NetFacts(node.name, interfaces, speeds, tuple(rdma))
+    return reconcile(inv, found).inventory if found else inv
+
+
 def run_check(check: Check, ctx: Context) -> list[Finding]:
     """A check's findings; a check that raises is reported as a failure of clusterrun, not a crash of doctor."""
     try:
@@ -58,6 +89,7 @@ def run_doctor(inv: Inventory, checks: list[Check], options: Options, report_dir
     try:
         progress(f"probing {len(inv.nodes)} node(s)")
         report.facts = probe_all(inv, transports, options.path)
+        inv = with_probed_nics(inv, report.facts)
         ctx = Context(inv, report.facts, options, transports, report_dir, progress)
         for check in sorted(checks, key=lambda c: c.active):  # facts-only checks first: they take no time
             if check.active:

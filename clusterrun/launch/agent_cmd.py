@@ -15,8 +15,9 @@ AGENT_PATH = Path(__file__).with_name("node_agent.py")
 
 
 def agent_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: float,
-               stage: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+               stage: list[tuple[str, str]] | None = None, detached: bool = False) -> dict[str, Any]:
     return {
+        "detached": detached,
         "stage": [list(pair) for pair in stage or ()],
         "run_id": run_id,
         "node": node.name,

@@ -160,6 +160,19 @@ def stop_processes(find, grace: float) -> list:
     return sorted(set(pids) | set(left))
 
 
+def wait_for(pid: int) -> int:
+    """Reap children (this process is a subreaper: orphans come here too) until ``pid`` ends; its wait status."""
+    while True:
+        try:
+            got, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return 0
+        except InterruptedError:
+            continue
+        if got == pid:
+            return status
+
+
 def _reap() -> None:
     """Collect exited children (we are a subreaper: orphans of the job become ours)."""
     while True:
@@ -300,6 +313,7 @@ class Agent:
         self.node = str(spec.get("node", ""))
         self.grace = float(spec.get("grace", 2.0))
         self.heartbeat_timeout = float(spec.get("heartbeat_timeout", 0) or 0)
+        self.detached = bool(spec.get("detached"))
         self.run_dir = os.path.expanduser(spec["run_dir"])
         self.launcher_lines: list = []
         self.stop_reason = None
@@ -325,7 +339,8 @@ class Agent:
             except (OSError, ValueError):
                 line = b""
             if not line:
-                self.stop("the connection to clusterrun closed", self.grace)
+                if not self.detached:  # a detached run outlives the connection that started it
+                    self.stop("the connection to clusterrun closed", self.grace)
                 return
             cmd = line.strip().decode(errors="replace")
             if cmd == "ping":
@@ -398,9 +413,9 @@ class Agent:
         tailer = Tailer(log_dir, int(self.spec.get("rank_offset", 0)))
         tailer.start()
         threading.Thread(target=self._watch_stdin, daemon=True).start()
-        if self.heartbeat_timeout > 0:
+        if self.heartbeat_timeout > 0 and not self.detached:
             threading.Thread(target=self._watch_heartbeat, daemon=True).start()
-        status = self._wait_for(proc.pid)
+        status = wait_for(proc.pid)
         proc.returncode = status  # reaped here, not by Popen
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
@@ -420,16 +435,6 @@ class Agent:
             ranks[rank]["started"] = started
         return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished")
 
-    def _wait_for(self, pid: int) -> int:
-        while True:
-            try:
-                got, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                return 0
-            except InterruptedError:
-                continue
-            if got == pid:
-                return status
 
     def _finish(self, rc: int, signum, ranks: dict, reason: str) -> int:
         result = {"ev": "exit", "rc": rc, "signal": signum, "ranks": {str(k): v for k, v in ranks.items()},
@@ -455,8 +460,12 @@ def collect(spec: dict) -> int:
     """
     me = os.getpid()
     exclude = {me, os.getppid()}
-    pids = stop_processes(lambda: marked(spec["run_id"], exclude, spec.get("node", "")), float(spec.get("grace", 2)))
-    emit({"ev": "swept", "pids": pids})
+    if spec.get("sweep", True):
+        pids = stop_processes(lambda: marked(spec["run_id"], exclude, spec.get("node", "")),
+                              float(spec.get("grace", 2)))
+        emit({"ev": "swept", "pids": pids})
+    else:  # only reading the logs of a run that goes on (a detached one): say whether it still runs
+        emit({"ev": "alive", "pids": marked(spec["run_id"], exclude, spec.get("node", ""))})
     run_dir = os.path.expanduser(spec["run_dir"])
     log_dir = os.path.join(run_dir, "torchrun")
     skip = spec.get("skip", {})
@@ -491,12 +500,72 @@ def collect(spec: dict) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- clusterrun exec
+
+
+def exec_command(spec: dict) -> int:
+    """Run ``spec["command"]`` with ``sh -c`` in its own session; relay its output as ``line`` events.
+
+    It stops (SIGTERM to its process group, SIGKILL 2 s later) when clusterrun goes away (end of
+    input) or after ``spec["timeout"]`` seconds; the final ``exit`` event carries the exit status.
+    """
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    try:
+        proc = subprocess.Popen(["sh", "-c", spec["command"]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
+    except OSError as exc:
+        emit({"ev": "exit", "rc": 127, "error": str(exc)})
+        return 0
+    why = []
+    me = os.getpid()
+
+    def stop(reason: str) -> None:
+        if not why:
+            why.append(reason)
+            threading.Thread(target=stop_processes, args=(lambda: descendants(me), 2.0), daemon=True).start()
+
+    def relay(pipe, stream: str) -> None:
+        for raw in iter(pipe.readline, b""):
+            emit({"ev": "line", "stream": stream, "text": raw.decode("utf-8", errors="replace").rstrip("\r\n")})
+        pipe.close()
+
+    def watch_stdin() -> None:
+        while sys.stdin.buffer.readline():
+            pass
+        stop("the connection to clusterrun closed")
+
+    readers = [threading.Thread(target=relay, args=(proc.stdout, "stdout"), daemon=True),
+               threading.Thread(target=relay, args=(proc.stderr, "stderr"), daemon=True)]
+    for t in readers:
+        t.start()
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    timeout = float(spec.get("timeout") or 0)
+    if timeout > 0:
+        timer = threading.Timer(timeout, stop, args=(f"timed out after {timeout:g}s",))
+        timer.daemon = True
+        timer.start()
+    status = wait_for(proc.pid)
+    proc.returncode = status
+    for t in readers:
+        t.join(timeout=2.0)
+    rc = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    stop_processes(lambda: descendants(me), 0.5)  # anything the command left in the background
+    emit({"ev": "exit", "rc": rc, "reason": why[0] if why else None})
+    return 0
+
+
 def main(argv: list) -> int:
     if len(argv) >= 2 and argv[0] == "run":
         spec = json.loads(base64.b64decode(argv[1]).decode())
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # only clusterrun's 'term'/'kill' stop the job
+        if spec.get("detached"):
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the session that started it may end
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a broken stream must not kill the agent
         return Agent(spec).run()
+    if len(argv) >= 2 and argv[0] == "exec":
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        return exec_command(json.loads(base64.b64decode(argv[1]).decode()))
     if len(argv) >= 2 and argv[0] == "collect":
         return collect(json.loads(base64.b64decode(argv[1]).decode()))
     if len(argv) >= 2 and argv[0] in ("sweep", "ps"):
@@ -509,7 +578,7 @@ def main(argv: list) -> int:
         grace = float(argv[2]) if len(argv) > 2 else 2.0
         print(json.dumps({"pids": stop_processes(lambda: marked(argv[1], exclude, node), grace)}))
         return 0
-    sys.stderr.write("usage: node_agent.py run SPEC_B64 | collect SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
+    sys.stderr.write("usage: node_agent.py run SPEC_B64 | exec SPEC_B64 | collect SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
     return 2
 
 

@@ -10,32 +10,41 @@ from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.agent_cmd import agent_argv
 from clusterrun.runs import RunDir
+from clusterrun.transport.base import Transport
 
 SWEEP_TIMEOUT = 30.0
 
 
-def sweep_run(run: RunDir, grace: float) -> dict[str, tuple[list[int], str | None]]:
-    """``{node: (pids stopped, problem or None)}`` for every node of the run, swept in parallel."""
+def run_inventory(run: RunDir) -> Inventory:
+    """The inventory a run was started with (saved in its directory), to reach its nodes again."""
     try:
-        inv = Inventory.model_validate(run.read_json("inventory.json"))
+        return Inventory.model_validate(run.read_json("inventory.json"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"{run.path}/inventory.json is missing or unreadable ({exc}); this run was made by an "
-                         "older clusterrun: stop its processes by hand (they carry "
+                         "older clusterrun: look on the nodes yourself (its processes carry "
                          f"CLUSTERRUN_RUN_ID={run.run_id} in their environment)") from None
+
+
+def node_transport(inv: Inventory, name: str) -> tuple[Transport, bool]:
+    """A transport to node ``name`` and whether it is local."""
+    spec = next(n for n in inv.nodes if n.name == name)
+    if inv.transport_of(spec) is TransportKind.local:
+        from clusterrun.transport.local import LocalTransport
+
+        return LocalTransport(name), True
+    from clusterrun.transport.ssh import SshTransport
+
+    return SshTransport(name, spec.host, inv.ssh_of(spec)), False
+
+
+def sweep_run(run: RunDir, grace: float) -> dict[str, tuple[list[int], str | None]]:
+    """``{node: (pids stopped, problem or None)}`` for every node of the run, swept in parallel."""
+    inv = run_inventory(run)
     plan = run.read_json("plan.json")
     nodes = {n["name"]: n for n in plan["nodes"]}
 
     def one(name: str) -> tuple[list[int], str | None]:
-        spec = next(n for n in inv.nodes if n.name == name)
-        local = inv.transport_of(spec) is TransportKind.local
-        if local:
-            from clusterrun.transport.local import LocalTransport
-
-            transport = LocalTransport(name)
-        else:
-            from clusterrun.transport.ssh import SshTransport
-
-            transport = SshTransport(name, spec.host, inv.ssh_of(spec))
+        transport, local = node_transport(inv, name)
         try:
             argv = agent_argv(nodes[name]["python"], "sweep", [run.run_id, f"{grace:g}", name], inline=not local)
             res = transport.run(argv, timeout=SWEEP_TIMEOUT + grace)

@@ -10,6 +10,7 @@ from clusterrun.errors import StartError
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
+from clusterrun.launch.detach import start_detached
 from clusterrun.launch.outcome import RunOutcome
 from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.preflight import preflight, remove_archives
@@ -55,11 +56,13 @@ def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transpor
 
 
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
-            settings: SupervisorSettings | None = None, preflight_mode: str = "quick") -> tuple[RunOutcome, RunDir]:
+            settings: SupervisorSettings | None = None, preflight_mode: str = "quick",
+            detach: bool = False) -> tuple[RunOutcome | None, RunDir]:
     """Run ``plan`` to its end. Returns the outcome and the run directory.
 
     Before the start: preflight (every node ready), the plan completed from the nodes' facts, and the
-    connectivity check of ``preflight_mode`` (quick, full or off).
+    connectivity check of ``preflight_mode`` (quick, full or off). With ``detach`` the job is started and
+    left running on its own: the outcome is None.
 
     Raises :class:`StartError` when a node could not be started (then nothing runs anywhere).
     ``status.json`` always ends up describing what happened, written atomically.
@@ -86,8 +89,16 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             copied = sum(len(r.copied) for r in ready.values())
             if copied:
                 console.info(f"copied {copied} file(s) to the nodes")
+            if detach:
+                launched = start_detached(plan, transports, {name: r.stage for name, r in ready.items()},
+                                          (settings or SupervisorSettings()).grace)
+                run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "detached", "started": time.time(),
+                                                   "nodes": {n: {"launched": t} for n, t in launched.items()}})
+                return None, run_dir
             supervisor = Supervisor(plan, transports, run_dir, console, settings,
                                     stage={name: r.stage for name, r in ready.items()})
+            run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "running", "started": time.time(),
+                                               "pid": os.getpid()})
             console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
                          f"logs in {run_dir.path}/")
             outcome = supervisor.run()

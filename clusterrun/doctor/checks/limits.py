@@ -57,19 +57,29 @@ def _limit(section: Section) -> int | None:
     raise ValueError(text or f"no output (exit {section.exit_code})")
 
 
+def _limits(ctx: Context, check_name: str, section_name: str,
+            what: str) -> tuple[list[Finding], list[tuple[Node, Section, int | None]]]:
+    """Each reachable node's ``ulimit`` value (None: unlimited), and findings for the nodes where it is unknown."""
+    unread: list[Finding] = []
+    limits: list[tuple[Node, Section, int | None]] = []
+    for node in ctx.reachable():
+        section = ctx.facts[node.name].section(section_name)
+        if section is None:
+            unread.append(_not_gathered(check_name, node.name, section_name))
+            continue
+        try:
+            limits.append((node, section, _limit(section)))
+        except ValueError as exc:
+            unread.append(_unreadable(check_name, node.name, section, what, str(exc)))
+    return unread, limits
+
+
 @check("limits.memlock", "locked-memory limit is unlimited where RDMA is used", Scope.node,
        needs="every node; it matters on nodes with infiniband/roce NICs")
 def check_memlock(ctx: Context) -> Iterator[Finding]:
-    for node in ctx.reachable():
-        section = ctx.facts[node.name].section("ulimit_memlock")
-        if section is None:
-            yield _not_gathered("limits.memlock", node.name, "ulimit_memlock")
-            continue
-        try:
-            kib = _limit(section)
-        except ValueError as exc:
-            yield _unreadable("limits.memlock", node.name, section, "the locked-memory limit", str(exc))
-            continue
+    unread, limits = _limits(ctx, "limits.memlock", "ulimit_memlock", "the locked-memory limit")
+    yield from unread
+    for node, section, kib in limits:
         value = "unlimited" if kib is None else size_text(kib)
         finding = partial(Finding, "limits.memlock", node=node.name, subject="memlock", measured=value,
                           evidence=(section.evidence(node.name),), data={"memlock_kib": kib})
@@ -86,16 +96,9 @@ def check_memlock(ctx: Context) -> Iterator[Finding]:
 
 @check("limits.nofile", "open-files limit is high enough", Scope.node, needs="every node")
 def check_nofile(ctx: Context) -> Iterator[Finding]:
-    for node in ctx.reachable():
-        section = ctx.facts[node.name].section("ulimit_nofile")
-        if section is None:
-            yield _not_gathered("limits.nofile", node.name, "ulimit_nofile")
-            continue
-        try:
-            limit = _limit(section)
-        except ValueError as exc:
-            yield _unreadable("limits.nofile", node.name, section, "the open-files limit", str(exc))
-            continue
+    unread, limits = _limits(ctx, "limits.nofile", "ulimit_nofile", "the open-files limit")
+    yield from unread
+    for node, section, limit in limits:
         value = "unlimited" if limit is None else str(limit)
         finding = partial(Finding, "limits.nofile", node=node.name, subject="nofile", measured=value,
                           evidence=(section.evidence(node.name),), data={"nofile": limit})

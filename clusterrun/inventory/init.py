@@ -1,0 +1,119 @@
+"""``clusterrun init``: write an inventory from what the nodes really have.
+
+The nodes come from ``--ips``/``--hostfile``/``--slurm``. Each is probed over its one SSH connection
+(NICs with addresses, speeds and RDMA ports, the same facts ``up`` gathers; GPUs from ``nvidia-smi``),
+the data network is chosen as ``up`` would choose it (the subnet every node shares, RDMA first, then
+the fastest, not the SSH network), and a commented YAML inventory is rendered. It is validated by
+loading it back before it is written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from clusterrun.doctor.parsers import nvidia_smi
+from clusterrun.errors import ClusterrunError, ParseError
+from clusterrun.inventory.models import Inventory, Nic
+from clusterrun.network import resolve_data_network
+from clusterrun.node_facts import reconcile
+from clusterrun.transport.base import Transport
+
+GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"]
+
+
+@dataclass(frozen=True)
+class Gpus:
+    indices: tuple[int, ...]
+    model: str | None
+
+
+def probe_gpus(inv: Inventory, transports: Mapping[str, Transport]) -> dict[str, Gpus]:
+    """Each node's GPUs from nvidia-smi (none when it is missing or fails: a CPU node)."""
+
+    def one(name: str) -> Gpus:
+        try:
+            res = transports[name].run(GPU_QUERY, timeout=30)
+        except ClusterrunError:
+            return Gpus((), None)
+        if not res.ok:
+            return Gpus((), None)
+        try:
+            found = nvidia_smi.parse(res.stdout, ("index", "name", "memory.total"))
+        except ParseError:
+            return Gpus((), None)
+        return Gpus(tuple(g.index for g in found.gpus if g.index is not None),
+                    next((g.name for g in found.gpus if g.name), None))
+
+    with ThreadPoolExecutor(max_workers=min(64, len(inv.nodes)), thread_name_prefix="init-gpus") as pool:
+        return dict(zip([n.name for n in inv.nodes], pool.map(one, [n.name for n in inv.nodes]), strict=True))
+
+
+def _rate(bits: int | None) -> str | None:
+    if not bits:
+        return None
+    return f"{bits // 10**9}gbit" if bits % 10**9 == 0 else f"{bits // 10**6}mbit"
+
+
+def _nic_line(nic: Nic, note: str) -> str:
+    parts = [f"name: {nic.name}"]
+    if nic.ip:
+        parts.append(f"ip: {nic.ip}")
+    if nic.kind.value != "ethernet":
+        parts += [f"kind: {nic.kind.value}", f"hca: {nic.hca}", f"port: {nic.port}"]
+    if _rate(nic.speed):
+        parts.append(f"speed: {_rate(nic.speed)}")
+    return f"      - {{{', '.join(parts)}}}" + (f"   # {note}" if note else "")
+
+
+def render(inv: Inventory, gpus: Mapping[str, Gpus], ssh_addresses: Mapping[str, str], command: str) -> str:
+    """The commented YAML text of ``inv`` (already completed with the nodes' NICs)."""
+    data = resolve_data_network(inv, ssh_addresses)
+    subnet = data.description.split(" ", 1)[0]
+    lines = [f"# Written by `{command}` on {time.strftime('%Y-%m-%d %H:%M')} from what each node reported over SSH.",
+             "# Review it (GPUs, NICs, the data network), then: clusterrun check FILE; clusterrun doctor FILE",
+             "version: 1", "defaults:"]
+    ssh = inv.defaults.ssh.model_dump(mode="json", exclude_none=True)
+    if ssh:
+        lines.append("  ssh: {" + ", ".join(f"{k}: {v}" for k, v in ssh.items()) + "}")
+    if inv.defaults.python:
+        lines.append(f"  python: {inv.defaults.python}")
+    lines.append("  transport: ssh")
+    why = data.description.split(" ", 1)[1].strip("()") if " " in data.description else ""
+    lines += ["network:", f"  data: {subnet if '/' in subnet else 'auto'}   # {why}", "nodes:"]
+    for node in inv.nodes:
+        lines += [f"  - name: {node.name}", f"    host: {node.host}"]
+        if node.ssh.port:
+            lines.append(f"    ssh: {{port: {node.ssh.port}}}")
+        g = gpus.get(node.name)
+        if g and g.indices:
+            lines.append(f"    gpus: [{', '.join(map(str, g.indices))}]" + (f"   # {g.model}" if g.model else ""))
+        if node.nproc_per_node:
+            lines.append(f"    nproc_per_node: {node.nproc_per_node}")
+        if node.nics:
+            lines.append("    nics:")
+            path = data.path_of(node.name)
+            for nic in node.nics:
+                note = ("data network" if nic.name == path.nic else "") + \
+                       ("; " if nic.name == path.nic and nic.address == ssh_addresses.get(node.name) else "") + \
+                       ("SSH reaches the node here" if nic.address == ssh_addresses.get(node.name) else "")
+                lines.append(_nic_line(nic, note))
+    return "\n".join(lines) + "\n"
+
+
+def complete(inv: Inventory, ready: Mapping[str, object]) -> tuple[Inventory, dict[str, str]]:
+    """``inv`` with every node's probed NICs, and the addresses SSH reached (from :func:`replan.gather`)."""
+    from clusterrun.node_facts import parse_net_facts
+
+    facts = {}
+    for name, r in ready.items():
+        raw = getattr(r, "net", None)
+        if raw:
+            try:
+                facts[name] = parse_net_facts(name, raw)
+            except ParseError:
+                continue
+    ssh = {name: a for name, r in ready.items() if (a := getattr(r, "ssh_address", None))}
+    return reconcile(inv, facts).inventory, ssh

@@ -1,0 +1,94 @@
+"""``clusterrun exec``: one shell command on every node at once, through the node agent's ``exec`` mode.
+
+Each node's command runs in its own session under the agent, which stops it when clusterrun goes away
+(Ctrl-C, a killed terminal) or at the time limit, so nothing is left running on any node. Output comes
+back as whole lines, one writer at a time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from clusterrun.errors import ClusterrunError
+from clusterrun.inventory.models import Inventory
+from clusterrun.inventory.models import Transport as TransportKind
+from clusterrun.launch.agent_cmd import agent_argv
+from clusterrun.transport.base import Stream, Transport
+
+
+@dataclass
+class NodeResult:
+    node: str
+    exit_code: int | None = None  # None: it never reported (unreachable, connection lost)
+    error: str | None = None
+    reason: str | None = None  # why the agent stopped the command (time limit), if it did
+    lines: list[tuple[str, str]] = field(default_factory=list)  # (stdout|stderr, text)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def run_everywhere(inv: Inventory, transports: Mapping[str, Transport], command: str, *, timeout: float | None,
+                   on_line: Callable[[str, str, str], None] = lambda _n, _s, _t: None,
+                   stop: threading.Event | None = None) -> dict[str, NodeResult]:
+    """Run ``command`` on every node of ``inv``; ``on_line(node, stream, text)`` is called from this thread only."""
+    results = {n.name: NodeResult(n.name) for n in inv.nodes}
+    events: queue.Queue[tuple[str, dict | None]] = queue.Queue(maxsize=10_000)
+    streams: dict[str, Stream] = {}
+    spec = base64.b64encode(json.dumps({"command": command, "timeout": timeout or 0}).encode()).decode()
+
+    def start(name: str) -> None:
+        node = next(n for n in inv.nodes if n.name == name)
+        local = inv.transport_of(node) is TransportKind.local
+        try:
+            stream = transports[name].start(agent_argv(inv.python_of(node), "exec", [spec], inline=not local))
+        except ClusterrunError as exc:
+            events.put((name, {"ev": "error", "text": getattr(exc, "reason", None) or str(exc)}))
+            events.put((name, None))
+            return
+        streams[name] = stream
+        try:
+            for line in stream.lines():
+                try:
+                    events.put((name, json.loads(line)))
+                except ValueError:
+                    events.put((name, {"ev": "line", "stream": "stdout", "text": line}))
+        except Exception as exc:  # a broken connection ends this node's events
+            events.put((name, {"ev": "error", "text": f"connection lost: {exc}"}))
+        if stream.stderr_text().strip():
+            events.put((name, {"ev": "error", "text": stream.stderr_text().strip().splitlines()[-1]}))
+        events.put((name, None))
+
+    threads = [threading.Thread(target=start, args=(n.name,), daemon=True, name=f"exec-{n.name}") for n in inv.nodes]
+    for t in threads:
+        t.start()
+    done = 0
+    try:
+        while done < len(threads):
+            if stop is not None and stop.is_set():
+                break
+            try:
+                name, event = events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            result = results[name]
+            if event is None:
+                done += 1
+            elif event.get("ev") == "line":
+                result.lines.append((event.get("stream", "stdout"), event.get("text", "")))
+                on_line(name, event.get("stream", "stdout"), event.get("text", ""))
+            elif event.get("ev") == "exit":
+                result.exit_code, result.reason = event.get("rc"), event.get("reason")
+                result.error = event.get("error") or result.error
+            elif event.get("ev") == "error" and result.exit_code is None:
+                result.error = event.get("text")
+    finally:
+        for stream in list(streams.values()):
+            stream.abort()  # the agents see the end of input and stop whatever still runs
+    return results

@@ -1,0 +1,64 @@
+"""`up --detach` on the simulated cluster: the job outlives clusterrun, `logs -f` follows it from the nodes and
+records its end, `down` stops it, and nothing of it is left afterwards."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from simcluster import SimCluster
+from simjobs import run_clusterrun, write_inventory
+
+pytestmark = pytest.mark.cluster
+
+TICKER = """
+import os, sys, time
+for i in range(4):
+    print("tick", i, "rank", os.environ["RANK"], flush=True)
+    time.sleep(1)
+sys.exit(0)
+"""
+SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(300)\n"
+
+
+def detach(inv: Path, cwd: Path, script: str) -> str:
+    started = time.monotonic()
+    done = run_clusterrun("up", str(inv), script, "--detach", cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 30
+    run_id = done.stdout.strip()
+    assert f"clusterrun logs {run_id} -f" in done.stderr
+    return run_id
+
+
+def test_detached_job_runs_on_and_logs_follow_it_to_its_end(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "tick.py").write_text(TICKER)
+    run_id = detach(inv, tmp_path, "tick.py")
+    assert set(sim_cluster.job_processes(run_id)) == {"node0", "node1"}  # clusterrun is gone, the job is not
+    status = json.loads(run_clusterrun("status", run_id, "--json", cwd=tmp_path).stdout)
+    assert status["state"] == "detached"
+    done = run_clusterrun("logs", run_id, "-f", cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for rank, node in ((0, "node0"), (1, "node1")):
+        assert [x for x in lines if x.startswith(f"[{node}:{rank}] tick")] == [
+            f"[{node}:{rank}] tick {i} rank {rank}" for i in range(4)]
+    status = json.loads(run_clusterrun("status", run_id, "--json", cwd=tmp_path).stdout)
+    assert status["state"] == "succeeded" and status["exit_code"] == 0
+    assert sim_cluster.wait_no_processes(run_id, 5) == {}
+
+
+def test_down_stops_a_detached_job(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "sleep.py").write_text(SLEEPER)
+    run_id = detach(inv, tmp_path, "sleep.py")
+    time.sleep(2)
+    assert set(sim_cluster.job_processes(run_id)) == {"node0", "node1"}
+    done = run_clusterrun("down", run_id, "--grace", "1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "node0: stopped" in done.stdout and "node1: stopped" in done.stdout
+    assert sim_cluster.wait_no_processes(run_id, 5) == {}
+    assert json.loads(run_clusterrun("status", run_id, "--json", cwd=tmp_path).stdout)["state"] == "stopped"
