@@ -20,6 +20,7 @@ INVENTORY_MD = DOCS / "inventory.md"
 NETWORK_MD = DOCS / "network.md"
 DOCTOR_MD = DOCS / "doctor.md"
 ONELINERS_MD = DOCS / "oneliners.md"
+OPERATIONS_MD = DOCS / "operations.md"
 
 # A fenced block: its language and its body (the fences start at the beginning of a line).
 _FENCE_RE = re.compile(r"^```(\w*)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
@@ -55,6 +56,13 @@ def invalid_examples() -> list[pytest.param]:
 def test_documented_inventory_is_valid(text: str) -> None:
     inv = parse_inventory_text(text, "docs example")
     assert inv.nodes
+
+
+def test_documented_init_output_is_valid() -> None:
+    shown = [b for b in fenced_blocks(OPERATIONS_MD, "yaml") if b.startswith("# Written by `clusterrun init")]
+    assert shown, "operations.md shows an inventory as `clusterrun init` writes it"
+    for text in shown:
+        assert parse_inventory_text(text, "docs example").nodes
 
 
 def test_inventory_reference_has_full_examples() -> None:

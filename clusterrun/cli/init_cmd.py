@@ -48,7 +48,7 @@ def init(output: Path | None, force: bool, **sources: Any) -> int:
         for transport in transports.values():
             transport.close()
     completed, ssh = complete(inv, ready)
-    text = render(completed, gpus, ssh, "clusterrun init " + " ".join(sys.argv[2:]))
+    text = render(completed, gpus, ssh, "clusterrun " + " ".join(sys.argv[1:]))
     parse_inventory_text(text, str(output or "<init>"))  # what is written must load: a failure here is a bug
     if output is None:
         click.echo(text, nl=False)

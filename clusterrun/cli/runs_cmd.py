@@ -196,6 +196,7 @@ def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool) -
     from clusterrun.launch.remote_logs import fetch
 
     received: dict[tuple[str, int, str], int] = {}
+    unreachable_rounds = 0
     while True:
         results = fetch(found, received)
         for name, r in results.items():
@@ -206,24 +207,48 @@ def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool) -
             if r.problem:
                 click.echo(f"clusterrun: {name}: {r.problem}", err=True)
         sys.stdout.flush()
-        running = any(r.alive for r in results.values()) or any(r.problem for r in results.values())
-        if not running:
+        problems = any(r.problem for r in results.values())
+        unreachable_rounds = unreachable_rounds + 1 if problems else 0
+        if not problems and not any(r.alive for r in results.values()):
             _record_detached_end(found, results)
-        if not follow or not running:
             return 0
+        if not follow:
+            return 0
+        if unreachable_rounds >= 15:  # about 30 s without reaching every node: give up following
+            click.echo("clusterrun: stopped following: a node stayed unreachable; run `clusterrun logs` again later",
+                       err=True)
+            return 1
         time.sleep(2.0)
 
 
 def _record_detached_end(found: Any, results: dict[str, Any]) -> None:
-    """Once nothing of a detached run is left, write its end from the nodes' own records."""
-    codes = {name: (r.record or {}).get("rc") for name, r in results.items()}
+    """Once nothing of a detached run is left: copy its rank logs here and write its end from the nodes' records."""
+    from clusterrun.launch.remote_logs import fetch
+
     state = found.read_json("status.json")
     if state.get("state") != "detached":
         return
-    failed = {n: c for n, c in codes.items() if c != 0}
-    state.update(state="failed" if failed else "succeeded", ended=time.time(),
-                 exit_code=next(iter(failed.values()), 0) if failed else 0, detached=True,
+    for name, r in fetch(found, {}).items():  # the whole logs, so that runs/<id>/ holds them like any run's
+        files: dict[int, list[str]] = {}
+        for rk, _stream, lines in sorted(r.lines):
+            files.setdefault(rk, []).extend(lines)
+        for rk, lines in files.items():
+            found.node_dir(name)
+            found.rank_log(name, rk).write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+    codes: dict[str, int | None] = {}
+    first_failure = None
+    for name, r in results.items():
+        record = r.record or {}
+        codes[name] = record.get("rc")
+        failed_ranks = sorted((int(k), v) for k, v in (record.get("ranks") or {}).items()
+                              if v.get("rc") not in (0, None))
+        if first_failure is None and (failed_ranks or record.get("rc") not in (0,)):
+            rank, info = failed_ranks[0] if failed_ranks else (None, {"rc": record.get("rc")})
+            first_failure = {"node": name, "rank": rank, "exit_code": info.get("rc") if info.get("rc") is not None
+                             else 1, "signal": info.get("signal"), "detail": record.get("reason") or "no record"}
+    ended = time.time()
+    state.update(state="failed" if first_failure else "succeeded", ended=ended, detached=True,
+                 exit_code=first_failure["exit_code"] if first_failure else 0, first_failure=first_failure,
+                 duration=ended - state["started"] if state.get("started") else None,
                  nodes={n: {**state.get("nodes", {}).get(n, {}), "exit_code": c} for n, c in codes.items()})
-    if state["exit_code"] is None:
-        state["exit_code"] = 1  # a node left no record of its end
     found.write_json("status.json", state)

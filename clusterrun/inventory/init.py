@@ -82,13 +82,16 @@ def render(inv: Inventory, gpus: Mapping[str, Gpus], ssh_addresses: Mapping[str,
         lines.append(f"  python: {inv.defaults.python}")
     lines.append("  transport: ssh")
     why = data.description.split(" ", 1)[1].strip("()") if " " in data.description else ""
-    lines += ["network:", f"  data: {subnet if '/' in subnet else 'auto'}   # {why}", "nodes:"]
+    chosen = inv.network.data if inv.network.data != "auto" else (subnet if "/" in subnet else "auto")
+    lines += ["network:", f"  data: {chosen}   # {why}", "nodes:"]
     for node in inv.nodes:
         lines += [f"  - name: {node.name}", f"    host: {node.host}"]
         if node.ssh.port:
             lines.append(f"    ssh: {{port: {node.ssh.port}}}")
         g = gpus.get(node.name)
-        if g and g.indices:
+        if node.gpus:  # given with --gpus: the user's word wins over nvidia-smi
+            lines.append(f"    gpus: [{', '.join(map(str, node.gpus))}]   # from --gpus")
+        elif g and g.indices:
             lines.append(f"    gpus: [{', '.join(map(str, g.indices))}]" + (f"   # {g.model}" if g.model else ""))
         if node.nproc_per_node:
             lines.append(f"    nproc_per_node: {node.nproc_per_node}")
