@@ -15,21 +15,8 @@ from clusterrun.doctor.recommend import recommend
 from clusterrun.doctor.registry import Check, Context, Options
 from clusterrun.doctor.report import Report
 from clusterrun.inventory.models import Inventory
-from clusterrun.inventory.models import Transport as TransportKind
+from clusterrun.launch.transports import open_node_transports
 from clusterrun.transport.base import Transport
-from clusterrun.transport.local import LocalTransport
-
-
-def open_transports(inv: Inventory) -> dict[str, Transport]:
-    transports: dict[str, Transport] = {}
-    for node in inv.nodes:
-        if inv.transport_of(node) is TransportKind.local:
-            transports[node.name] = LocalTransport(node.name)
-        else:
-            from clusterrun.transport.ssh import SshTransport
-
-            transports[node.name] = SshTransport(node.name, node.host, inv.ssh_of(node))
-    return transports
 
 
 def probe_all(inv: Inventory, transports: dict[str, Transport], path: tuple[str, ...] = ()) -> dict[str, NodeFacts]:
@@ -85,7 +72,7 @@ def run_doctor(inv: Inventory, checks: list[Check], options: Options, report_dir
                progress: Callable[[str], None] = lambda _m: None) -> Report:
     report = Report(nodes=[n.name for n in inv.nodes], checks=checks, started=time.time())
     t0 = time.monotonic()
-    transports = open_transports(inv)
+    transports = open_node_transports(inv)
     try:
         progress(f"probing {len(inv.nodes)} node(s)")
         report.facts = probe_all(inv, transports, options.path)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 from clusterrun.errors import ClusterrunError, StartError
 from clusterrun.launch.agent_cmd import agent_spec, run_argv
+from clusterrun.launch.fanout import on_every_node
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.transport.base import Transport
 
@@ -47,15 +47,7 @@ def start_detached(plan: LaunchPlan, transports: Mapping[str, Transport],
         finally:
             stream.abort()  # a detached agent carries on without this connection
 
-    launched: dict[str, float] = {}
-    problems: dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=min(64, plan.nnodes), thread_name_prefix="detach") as pool:
-        futures = {n.name: pool.submit(one, n) for n in plan.nodes}
-        for name, future in futures.items():
-            try:
-                launched[name] = future.result()
-            except ClusterrunError as exc:
-                problems[name] = getattr(exc, "reason", None) or str(exc)
+    launched, problems = on_every_node(plan.nodes, lambda n: n.name, one, "detach")
     if problems:
         raise StartError(problems, hint=f"the nodes that did start are still running it: `clusterrun down "
                                         f"{plan.run_id}` stops them")

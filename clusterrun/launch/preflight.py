@@ -16,13 +16,13 @@ import json
 import os
 import posixpath
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clusterrun.errors import ClusterrunError, StartError
 from clusterrun.inventory.models import Transport as TransportKind
+from clusterrun.launch.fanout import on_every_node
 from clusterrun.node_facts import GATHER
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.transport.base import Transport
@@ -177,16 +177,8 @@ def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: 
 def preflight(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
     """Check and stage every node in parallel. Raises :class:`StartError` naming every node that failed."""
     staged = {node.name: files_to_stage(plan, node) for node in plan.nodes}
-    problems: dict[str, str] = {}
-    ready: dict[str, NodeReady] = {}
-    with ThreadPoolExecutor(max_workers=min(64, len(plan.nodes)), thread_name_prefix="preflight") as pool:
-        futures = {node.name: pool.submit(_check_node, plan, node, transports[node.name], staged[node.name])
-                   for node in plan.nodes}
-        for name, future in futures.items():
-            try:
-                ready[name] = future.result()
-            except ClusterrunError as exc:
-                problems[name] = getattr(exc, "reason", None) or str(exc)
+    ready, problems = on_every_node(plan.nodes, lambda n: n.name,
+                                    lambda n: _check_node(plan, n, transports[n.name], staged[n.name]), "preflight")
     if problems:
         raise StartError(problems, hint="fix the above (`clusterrun plan` shows what each node would run); "
                                         "no node was started")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 from clusterrun.errors import ClusterrunError, ParseError, PlanError, StartError
 from clusterrun.inventory.models import Inventory
+from clusterrun.launch.fanout import on_every_node
 from clusterrun.launch.preflight import NodeReady
 from clusterrun.node_facts import GATHER, NetFacts, parse_net_facts, reconcile
 from clusterrun.plan import LaunchPlan, NodePlan, build_plan
@@ -35,15 +35,7 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, N
         return NodeReady(node.name, net=json.loads(line.split(" ", 1)[1]).get("net"),
                          ssh_address=peer() if peer else None)
 
-    problems: dict[str, str] = {}
-    out: dict[str, NodeReady] = {}
-    with ThreadPoolExecutor(max_workers=min(64, plan.nnodes), thread_name_prefix="facts") as pool:
-        futures = {n.name: pool.submit(one, n) for n in plan.nodes}
-        for name, future in futures.items():
-            try:
-                out[name] = future.result()
-            except ClusterrunError as exc:
-                problems[name] = getattr(exc, "reason", None) or str(exc)
+    out, problems = on_every_node(plan.nodes, lambda n: n.name, one, "facts")
     if problems:
         raise StartError(problems, hint="the nodes named could not be probed")
     return out
