@@ -142,3 +142,19 @@ def test_shipped_inventories_validate_against_the_schema() -> None:
     for path in sorted((ROOT / "inventories").glob("*.yaml")):
         errors = [e.message for e in validator.iter_errors(yaml.safe_load(path.read_text()))]
         assert not errors, f"{path.name}: {errors}"
+
+
+def test_local_runs_take_a_free_master_port_unless_one_is_asked_for(capsys: pytest.CaptureFixture[str],
+                                                                    tmp_path: Path) -> None:
+    local = str(ROOT / "inventories" / "localhost.yaml")
+    assert main(["plan", local, TRAIN, "--json"]) == 0
+    port = json.loads(capsys.readouterr().out)["master_port"]
+    assert port != 29500  # two runs on one machine must not collide on the default
+    assert main(["plan", local, TRAIN, "--json", "--master-port", "29511"]) == 0
+    assert json.loads(capsys.readouterr().out)["master_port"] == 29511
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text((ROOT / "inventories" / "localhost.yaml").read_text() + "network: {master_port: 29512}\n")
+    assert main(["plan", str(pinned), TRAIN, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["master_port"] == 29512
+    assert main(["plan", TWO_NODE, TRAIN, "--json"]) == 0  # SSH nodes: the inventory's (default) port
+    assert json.loads(capsys.readouterr().out)["master_port"] == 29500

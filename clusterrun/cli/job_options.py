@@ -98,6 +98,10 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
     if needs_local_file and not Path(script).is_file():
         hint = " (use -m for a module name)" if "/" not in script and not script.endswith(".py") else ""
         raise UsageError(f"SCRIPT: {script}: no such file{hint}")
+    if master_port is None and _local_only(inv) and "master_port" not in inv.network.model_fields_set:
+        # One machine and no port asked for: take a free one, as torchrun --standalone does, so that two
+        # runs on the same machine do not collide on 29500.
+        master_port = _free_port()
     job = JobSpec(
         script=script, run_id=new_run_id(), args=tuple(script_args), module=module,
         nproc_per_node=nproc_per_node, master_port=master_port, env=tuple(env_vars.items()),
@@ -105,6 +109,20 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
         sync_dir=str(sync_dir.resolve()) if sync_dir else None,
     )
     return inv, build_plan(inv, job)
+
+
+def _local_only(inv: Any) -> bool:
+    from clusterrun.inventory.models import Transport
+
+    return all(inv.transport_of(n) is Transport.local for n in inv.nodes)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
 
 
 def with_job(func: F) -> F:
