@@ -51,7 +51,8 @@ def _net_facts():
 out["net"] = _net_facts()
 """
 
-_VIRTUAL = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "tun", "tap", "vnet", "kube")
+#: Interfaces of containers, bridges and tunnels: never a node's NIC to the cluster.
+VIRTUAL_PREFIXES = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "tun", "tap", "vnet", "kube")
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,6 @@ def parse_net_facts(node: str, raw: Mapping[str, Any]) -> NetFacts:
     return NetFacts(node, ip.parse(raw["ip"]), dict(raw.get("speeds") or {}), rdma)
 
 
-def _up(iface: ip.Interface) -> bool:
-    return "UP" in iface.flags and ("LOWER_UP" in iface.flags or iface.operstate == "UP")
-
-
 def _ipv4(iface: ip.Interface) -> ip.Address | None:
     return next((a for a in iface.addresses if a.family == "inet" and a.scope != "host"), None)
 
@@ -115,7 +112,7 @@ def probed_nics(facts: NetFacts) -> list[Nic]:
     covered: set[tuple[str, int]] = set()
     for iface in facts.interfaces.interfaces:
         addr = _ipv4(iface)
-        if addr is None or not _up(iface) or iface.name.startswith(_VIRTUAL) or iface.master is not None:
+        if addr is None or not iface.is_up or iface.name.startswith(VIRTUAL_PREFIXES) or iface.master is not None:
             continue
         port = facts.rdma_of(iface.name)
         kind = NicKind.ethernet
@@ -153,7 +150,7 @@ def _check_nic(node: Node, nic: Nic, facts: NetFacts) -> tuple[Nic, list[str], l
         where = f" ({nic.address} is on {holder.name})" if holder else f" (it has: {known})"
         return nic, [], [f"NIC {nic.name} does not exist{where}"]
     problems: list[str] = []
-    if not _up(iface):
+    if not iface.is_up:
         problems.append(f"NIC {nic.name} is down ({iface.operstate})")
     addresses = [a for a in iface.addresses if a.scope != "link"]
     update: dict[str, Any] = {}

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 import clusterrun.doctor.checks.node  # noqa: F401  (registers the checks)
-from clusterrun.doctor.checks.nics import is_up
 from clusterrun.doctor.facts import MISSING, NodeFacts, Section
 from clusterrun.doctor.model import Finding, Scope, Verdict
 from clusterrun.doctor.parsers import ip
@@ -494,4 +493,4 @@ def test_unlisted_is_silent_without_ip_output_or_for_unreachable_nodes() -> None
 def test_is_up_needs_the_up_flag_and_a_carrier() -> None:
     ifaces = ip.parse(ADDR_NETNS).interfaces
 
-    assert {i.name for i in ifaces if is_up(i)} == {"lo", "data0p", "data0", "br0"}
+    assert {i.name for i in ifaces if i.is_up} == {"lo", "data0p", "data0", "br0"}

@@ -6,12 +6,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
 from simjobs import clusterrun_env, run_clusterrun, write_inventory
+from test_ssh_up import _wait_for_lines
 
 pytestmark = pytest.mark.cluster
 
@@ -49,11 +49,7 @@ def test_exec_leaves_nothing_running(sim_cluster: SimCluster, tmp_path: Path, ho
                             stderr=subprocess.PIPE, text=True, env=clusterrun_env(), stdin=subprocess.DEVNULL,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        seen = 0
-        deadline = time.monotonic() + 60
-        while seen < 2 and time.monotonic() < deadline:
-            seen += "started" in (proc.stdout.readline() or "")
-        assert seen == 2
+        _wait_for_lines(proc, 2, "started", timeout=60)
         assert set(sim_cluster.job_processes(marker)) == {"node0", "node1"}
         if how == "ctrl-c":
             proc.send_signal(signal.SIGINT)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from simcluster import SimCluster
 from simjobs import ROOT, run_clusterrun, start_clusterrun, the_run, write_inventory
-from test_ssh_up import _agent_of
+from test_ssh_up import _agent_of, _wait_for_lines
 
 LOCAL = ROOT / "inventories" / "localhost.yaml"
 TWO_LINES = """
@@ -77,11 +77,7 @@ def test_down_stops_what_a_hung_agent_left_behind(sim_cluster: SimCluster, tmp_p
     proc = start_clusterrun("up", str(inv), "sleep.py", cwd=tmp_path)
     agents: list[int] = []
     try:
-        seen = 0
-        deadline = time.monotonic() + 90
-        while seen < 2 and time.monotonic() < deadline:
-            seen += "up " in (proc.stdout.readline() or "")
-        assert seen == 2
+        _wait_for_lines(proc, 2, "up ")
         run = the_run(tmp_path)
         agents = [_agent_of(run.name, node) for node in ("node0", "node1")]
         for pid in agents:

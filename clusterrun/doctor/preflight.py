@@ -6,9 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from clusterrun.doctor.model import Verdict
-from clusterrun.doctor.registry import Context, Options, all_checks
-from clusterrun.doctor.report import Report
-from clusterrun.doctor.run import probe_all, run_check
+from clusterrun.doctor.registry import Options, all_checks
+from clusterrun.doctor.run import run_doctor
 from clusterrun.inventory.models import Inventory
 from clusterrun.transport.base import Transport
 
@@ -18,10 +17,5 @@ NETWORK_CHECKS = ("net.ping", "net.port", "net.bandwidth", "ib.bandwidth")
 def full_check(inv: Inventory, transports: Mapping[str, Transport], report_dir: Path) -> tuple[list[str], Path]:
     """Run the network checks; returns each failure's summary (empty when all passed) and the report directory."""
     checks = [all_checks()[name] for name in NETWORK_CHECKS]
-    report = Report(nodes=[n.name for n in inv.nodes], checks=checks)
-    report.facts = probe_all(inv, dict(transports))
-    ctx = Context(inv, report.facts, Options(), transports, report_dir)
-    for check in checks:
-        report.findings += run_check(check, ctx)
-    report.save(report_dir)
+    report = run_doctor(inv, checks, Options(), report_dir, transports=transports)
     return [f.summary for f in report.findings if f.verdict is Verdict.failed], report_dir

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,13 +69,17 @@ def run_check(check: Check, ctx: Context) -> list[Finding]:
 
 
 def run_doctor(inv: Inventory, checks: list[Check], options: Options, report_dir: Path,
-               progress: Callable[[str], None] = lambda _m: None) -> Report:
+               progress: Callable[[str], None] = lambda _m: None,
+               transports: Mapping[str, Transport] | None = None) -> Report:
+    """Probe, run ``checks``, save the report in ``report_dir``. ``transports``: connections that are already
+    open (``up --preflight full``) and stay open; by default doctor opens its own and closes them."""
     report = Report(nodes=[n.name for n in inv.nodes], checks=checks, started=time.time())
     t0 = time.monotonic()
-    transports = open_node_transports(inv)
+    own = transports is None
+    transports = open_node_transports(inv) if transports is None else transports
     try:
         progress(f"probing {len(inv.nodes)} node(s)")
-        report.facts = probe_all(inv, transports, options.path)
+        report.facts = probe_all(inv, dict(transports), options.path)
         inv = with_probed_nics(inv, report.facts)
         ctx = Context(inv, report.facts, options, transports, report_dir, progress)
         for check in sorted(checks, key=lambda c: c.active):  # facts-only checks first: they take no time
@@ -84,8 +88,9 @@ def run_doctor(inv: Inventory, checks: list[Check], options: Options, report_dir
             report.findings += run_check(check, ctx)
         report.recommended = recommend(ctx, report.findings)
     finally:
-        for transport in transports.values():
-            transport.close()
+        if own:
+            for transport in transports.values():
+                transport.close()
     report.duration = time.monotonic() - t0
     report.save(report_dir)
     return report

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from clusterrun.doctor.parsers import nvidia_smi
 from clusterrun.errors import ClusterrunError, ParseError
@@ -20,6 +21,9 @@ from clusterrun.inventory.models import Inventory, Nic
 from clusterrun.network import resolve_data_network
 from clusterrun.node_facts import reconcile
 from clusterrun.transport.base import Transport
+
+if TYPE_CHECKING:
+    from clusterrun.launch.preflight import NodeReady
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"]
 
@@ -106,17 +110,9 @@ def render(inv: Inventory, gpus: Mapping[str, Gpus], ssh_addresses: Mapping[str,
     return "\n".join(lines) + "\n"
 
 
-def complete(inv: Inventory, ready: Mapping[str, object]) -> tuple[Inventory, dict[str, str]]:
+def complete(inv: Inventory, ready: Mapping[str, NodeReady]) -> tuple[Inventory, dict[str, str]]:
     """``inv`` with every node's probed NICs, and the addresses SSH reached (from :func:`replan.gather`)."""
-    from clusterrun.node_facts import parse_net_facts
+    from clusterrun.launch.replan import read_facts
 
-    facts = {}
-    for name, r in ready.items():
-        raw = getattr(r, "net", None)
-        if raw:
-            try:
-                facts[name] = parse_net_facts(name, raw)
-            except ParseError:
-                continue
-    ssh = {name: a for name, r in ready.items() if (a := getattr(r, "ssh_address", None))}
+    facts, _unknown, ssh = read_facts(ready)
     return reconcile(inv, facts).inventory, ssh

@@ -9,14 +9,12 @@ A node that cannot be reached is left to its agent's watchdog, and the notes say
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from clusterrun.errors import ClusterrunError
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.launch.agent_cmd import agent_argv
+from clusterrun.launch.collect import collect
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
 from clusterrun.plan import LaunchPlan, NodePlan
@@ -33,41 +31,27 @@ def lost_nodes(outcome: RunOutcome) -> list[str]:
 
 def _collect(plan: LaunchPlan, node: NodePlan, transport: Transport, run_dir: RunDir,
              received: Mapping[tuple[str, int, str], int], grace: float, heartbeat_timeout: float) -> str:
-    skip = {f"{rank}/{stream}": n for (name, rank, stream), n in received.items() if name == node.name}
-    spec = {"run_id": plan.run_id, "node": node.name, "grace": grace, "run_dir": node.run_dir,
-            "rank_offset": node.rank_offset, "max_bytes": MAX_BYTES, "skip": skip}
-    argv = agent_argv(node.python, "collect", [base64.b64encode(json.dumps(spec).encode()).decode()],
-                      inline=node.transport is TransportKind.ssh)
     try:
-        result = transport.run(argv, timeout=COLLECT_TIMEOUT + grace)
+        got = collect(transport, node=node.name, python=node.python, inline=node.transport is TransportKind.ssh,
+                      run_id=plan.run_id, run_dir=node.run_dir, rank_offset=node.rank_offset, received=received,
+                      sweep=True, grace=grace, max_bytes=MAX_BYTES, timeout=COLLECT_TIMEOUT + grace)
     except ClusterrunError as exc:
         return (f"{node.name}: could not reach the node after its stream broke ({getattr(exc, 'reason', exc)}); "
                 f"its agent stops the job there by itself within {heartbeat_timeout:g}s of losing clusterrun, and "
                 f"its rank logs stay on the node in {node.run_dir}/torchrun/")
-    fetched, skipped, swept, record = 0, 0, [], None
-    for line in result.stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if event.get("ev") == "log" and event.get("lines"):
-            with run_dir.open_rank_log(node.name, int(event["rank"])) as fh:
-                fh.writelines(text + "\n" for text in event["lines"])
-            fetched += len(event["lines"])
-            skipped += int(event.get("skipped") or 0)
-        elif event.get("ev") == "swept":
-            swept = event.get("pids") or []
-        elif event.get("ev") == "record":
-            record = event.get("exit")
-    if not result.ok and not fetched:
-        return f"{node.name}: collecting its logs failed (exit {result.exit_code}): {result.tail(2) or 'no output'}"
-    parts = [f"{node.name}: its stream broke; fetched {fetched} log line(s) the stream had not delivered"]
-    if skipped:
-        parts.append(f"{skipped} older line(s) over {MAX_BYTES >> 20} MiB left in {node.run_dir}/torchrun/")
-    if swept:
-        parts.append(f"stopped {len(swept)} leftover process(es) of the run")
-    if record:
-        parts.append(f"the node recorded torchrun's exit code {record.get('rc')} ({record.get('reason')})")
+    for rank, _stream, lines in got.lines:
+        if lines:
+            with run_dir.open_rank_log(node.name, rank) as fh:
+                fh.writelines(text + "\n" for text in lines)
+    if got.exit_code != 0 and not got.fetched:
+        return f"{node.name}: collecting its logs failed (exit {got.exit_code}): {got.tail or 'no output'}"
+    parts = [f"{node.name}: its stream broke; fetched {got.fetched} log line(s) the stream had not delivered"]
+    if got.skipped:
+        parts.append(f"{got.skipped} older line(s) over {MAX_BYTES >> 20} MiB left in {node.run_dir}/torchrun/")
+    if got.swept:
+        parts.append(f"stopped {len(got.swept)} leftover process(es) of the run")
+    if got.record:
+        parts.append(f"the node recorded torchrun's exit code {got.record.get('rc')} ({got.record.get('reason')})")
     return "; ".join(parts)
 
 
@@ -83,7 +67,7 @@ def recover_lost(plan: LaunchPlan, transports: Mapping[str, Transport], run_dir:
     with ThreadPoolExecutor(max_workers=min(32, len(names)), thread_name_prefix="collect") as pool:
         notes = list(pool.map(lambda name: _collect(plan, nodes[name], transports[name], run_dir, received,
                                                     grace, heartbeat_timeout), names))
-    for note in notes:
+    for name, note in zip(names, notes, strict=True):
         outcome.notes.append(note)
-        with open(run_dir.launcher_log(note.split(":", 1)[0]), "a", encoding="utf-8") as fh:
+        with open(run_dir.launcher_log(name), "a", encoding="utf-8") as fh:
             fh.write(f"[clusterrun] {note}\n")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.errors import ClusterrunError
-from clusterrun.launch.agent_cmd import agent_argv
+from clusterrun.launch.collect import collect
 from clusterrun.launch.sweep import node_transport, run_inventory
 from clusterrun.runs import RunDir
 
@@ -32,32 +30,19 @@ def fetch(run: RunDir, received: dict[tuple[str, int, str], int]) -> dict[str, N
 
     def one(node: dict[str, Any]) -> NodeLogs:
         out = NodeLogs(node["name"])
-        skip = {f"{r}/{s}": n for (name, r, s), n in received.items() if name == node["name"]}
-        spec = {"run_id": run.run_id, "node": node["name"], "run_dir": node["run_dir"], "sweep": False,
-                "rank_offset": node["ranks"][0], "max_bytes": 64 << 20, "skip": skip}
         transport, local = node_transport(inv, node["name"])
         try:
-            res = transport.run(agent_argv(node["python"], "collect",
-                                           [base64.b64encode(json.dumps(spec).encode()).decode()], inline=not local),
-                                timeout=FETCH_TIMEOUT)
+            got = collect(transport, node=node["name"], python=node["python"], inline=not local, run_id=run.run_id,
+                          run_dir=node["run_dir"], rank_offset=node["ranks"][0], received=received, sweep=False,
+                          grace=0.0, max_bytes=64 << 20, timeout=FETCH_TIMEOUT)
         except ClusterrunError as exc:
             out.problem = getattr(exc, "reason", None) or str(exc)
             return out
         finally:
             transport.close()
-        for line in res.stdout.splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("ev") == "log":
-                out.lines.append((int(event["rank"]), str(event["stream"]), list(event.get("lines") or [])))
-            elif event.get("ev") == "alive":
-                out.alive = len(event.get("pids") or [])
-            elif event.get("ev") == "record":
-                out.record = event.get("exit")
-        if not res.ok and out.alive is None:
-            out.problem = f"reading the logs failed (exit {res.exit_code}): {res.tail(2) or 'no output'}"
+        out.lines, out.alive, out.record = got.lines, got.alive, got.record
+        if got.exit_code != 0 and out.alive is None:
+            out.problem = f"reading the logs failed (exit {got.exit_code}): {got.tail or 'no output'}"
         return out
 
     with ThreadPoolExecutor(max_workers=min(64, len(plan["nodes"])), thread_name_prefix="logs") as pool:

@@ -41,14 +41,9 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, N
     return out
 
 
-def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, LaunchPlan]:
-    """The inventory completed with the nodes' network facts, and the plan made from it.
-
-    A single-node plan is returned as it is (its ranks talk over loopback). Raises :class:`StartError`
-    naming each node whose listed NICs, addresses or RDMA ports are not what the node has.
-    """
-    if plan.nnodes < 2:
-        return inv, plan
+def read_facts(ready: Mapping[str, NodeReady]) -> tuple[dict[str, NetFacts], list[str], dict[str, str]]:
+    """The nodes' parsed network facts, a warning for each node whose NICs could not be read, and the
+    addresses SSH reached them at."""
     facts: dict[str, NetFacts] = {}
     unknown: list[str] = []
     for name, r in ready.items():
@@ -58,10 +53,21 @@ def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeRe
             facts[name] = parse_net_facts(name, r.net)
         except ParseError as exc:  # no usable `ip` there: that node is planned from the inventory alone
             unknown.append(f"{name}: its NICs could not be read ({exc}); planned from the inventory alone")
+    return facts, unknown, {name: r.ssh_address for name, r in ready.items() if r.ssh_address}
+
+
+def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, LaunchPlan]:
+    """The inventory completed with the nodes' network facts, and the plan made from it.
+
+    A single-node plan is returned as it is (its ranks talk over loopback). Raises :class:`StartError`
+    naming each node whose listed NICs, addresses or RDMA ports are not what the node has.
+    """
+    if plan.nnodes < 2:
+        return inv, plan
+    facts, unknown, ssh = read_facts(ready)
     result = reconcile(inv, facts)
     if result.problems:
         raise StartError(dict(result.problems), hint=MISMATCH_HINT)
-    ssh = {name: r.ssh_address for name, r in ready.items() if r.ssh_address}
     try:
         new = build_plan(result.inventory, plan.job, ssh_addresses=ssh, probed=result.probed)
     except PlanError as exc:

@@ -9,6 +9,7 @@ from clusterrun.errors import ClusterrunError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.agent_cmd import agent_argv
+from clusterrun.launch.transports import transport_for
 from clusterrun.runs import RunDir
 from clusterrun.transport.base import Transport
 
@@ -27,14 +28,8 @@ def run_inventory(run: RunDir) -> Inventory:
 
 def node_transport(inv: Inventory, name: str) -> tuple[Transport, bool]:
     """A transport to node ``name`` and whether it is local."""
-    spec = next(n for n in inv.nodes if n.name == name)
-    if inv.transport_of(spec) is TransportKind.local:
-        from clusterrun.transport.local import LocalTransport
-
-        return LocalTransport(name), True
-    from clusterrun.transport.ssh import SshTransport
-
-    return SshTransport(name, spec.host, inv.ssh_of(spec)), False
+    node = next(n for n in inv.nodes if n.name == name)
+    return transport_for(inv, node), inv.transport_of(node) is TransportKind.local
 
 
 def sweep_run(run: RunDir, grace: float) -> dict[str, tuple[list[int], str | None]]:

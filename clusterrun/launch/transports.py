@@ -1,38 +1,31 @@
-"""Open one transport per node of a plan."""
+"""Open one transport per node: local nodes run subprocesses, the others get an SSH transport."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from clusterrun.inventory.models import Inventory
+from clusterrun.inventory.models import Inventory, Node
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.plan import LaunchPlan
 from clusterrun.transport.base import Transport
 from clusterrun.transport.local import LocalTransport
 
 
-def open_transports(inv: Inventory, plan: LaunchPlan, **ssh_options: Any) -> dict[str, Transport]:
-    """``{node name: transport}``; SSH connections are opened lazily by the transport itself."""
-    transports: dict[str, Transport] = {}
-    for node in plan.nodes:
-        if node.transport is TransportKind.local:
-            transports[node.name] = LocalTransport(node.name)
-        else:
-            from clusterrun.transport.ssh import SshTransport
+def transport_for(inv: Inventory, node: Node, **ssh_options: Any) -> Transport:
+    """The node's transport; an SSH connection is opened lazily by the transport itself."""
+    if inv.transport_of(node) is TransportKind.local:
+        return LocalTransport(node.name)
+    from clusterrun.transport.ssh import SshTransport
 
-            spec = next(n for n in inv.nodes if n.name == node.name)
-            transports[node.name] = SshTransport(node.name, spec.host, inv.ssh_of(spec), **ssh_options)
-    return transports
+    return SshTransport(node.name, node.host, inv.ssh_of(node), **ssh_options)
+
+
+def open_transports(inv: Inventory, plan: LaunchPlan, **ssh_options: Any) -> dict[str, Transport]:
+    """``{node name: transport}`` for the nodes of a plan."""
+    nodes = {n.name: n for n in inv.nodes}
+    return {node.name: transport_for(inv, nodes[node.name], **ssh_options) for node in plan.nodes}
 
 
 def open_node_transports(inv: Inventory) -> dict[str, Transport]:
-    """``{node name: transport}`` for every node of the inventory (no plan needed: exec, down, doctor)."""
-    transports: dict[str, Transport] = {}
-    for node in inv.nodes:
-        if inv.transport_of(node) is TransportKind.local:
-            transports[node.name] = LocalTransport(node.name)
-        else:
-            from clusterrun.transport.ssh import SshTransport
-
-            transports[node.name] = SshTransport(node.name, node.host, inv.ssh_of(node))
-    return transports
+    """``{node name: transport}`` for every node of the inventory (no plan needed: exec, doctor, init)."""
+    return {node.name: transport_for(inv, node) for node in inv.nodes}

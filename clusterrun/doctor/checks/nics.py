@@ -11,8 +11,7 @@ from clusterrun.doctor.model import Finding, Scope, Verdict
 from clusterrun.doctor.parsers import ip
 from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ParseError
-
-_VIRTUAL = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "tun", "tap", "vnet", "kube")
+from clusterrun.node_facts import VIRTUAL_PREFIXES
 
 
 def interfaces(ctx: Context, node: str) -> ip.Interfaces | None:
@@ -24,10 +23,6 @@ def interfaces(ctx: Context, node: str) -> ip.Interfaces | None:
         return ip.parse(text)
     except ParseError:
         return None
-
-
-def is_up(iface: ip.Interface) -> bool:
-    return "UP" in iface.flags and ("LOWER_UP" in iface.flags or iface.operstate == "UP")
 
 
 def _state(iface: ip.Interface) -> str:
@@ -64,7 +59,7 @@ def nics_present(ctx: Context) -> Iterator[Finding]:
                               node=node.name, subject=nic.name, measured=known, expected=nic.name, evidence=evidence,
                               hint=f"fix the NIC name in the inventory (this node has: {known})")
                 continue
-            if not is_up(iface):
+            if not iface.is_up:
                 yield Finding("nic.present", Verdict.failed, f"{node.name}: {nic.name} is down ({_state(iface)})",
                               node=node.name, subject=nic.name, measured=_state(iface), expected="UP",
                               evidence=evidence, hint=f"bring it up (`ip link set {nic.name} up`) or check its cable")
@@ -124,7 +119,7 @@ def unlisted(ctx: Context) -> Iterator[Finding]:
             continue
         listed = {nic.name for nic in node.nics}
         extra = [i for i in ifaces.interfaces
-                 if i.name not in listed and is_up(i) and not i.name.startswith(_VIRTUAL) and i.master is None
+                 if i.name not in listed and i.is_up and not i.name.startswith(VIRTUAL_PREFIXES) and i.master is None
                  and any(a.family == "inet" for a in i.addresses)]
         if not extra:
             yield Finding("nic.unlisted", Verdict.passed, f"{node.name}: no other NIC with an IPv4 address is up",
