@@ -56,9 +56,10 @@ class RunDir:
     def rank_log(self, node: str, rank: int) -> Path:
         return self.path / node / f"rank{rank}.log"
 
-    def open_rank_log(self, node: str, rank: int) -> IO[str]:
+    def open_rank_log(self, node: str, rank: int) -> IO[bytes]:
+        """The rank's log, for appending raw bytes (unbuffered: what arrived is on disk at once)."""
         self.node_dir(node)
-        return open(self.rank_log(node, rank), "a", encoding="utf-8", buffering=1)
+        return open(self.rank_log(node, rank), "ab", buffering=0)
 
     def launcher_log(self, node: str) -> Path:
         return self.node_dir(node) / "launcher.log"

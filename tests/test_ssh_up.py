@@ -253,7 +253,7 @@ def test_broken_stream_logs_are_fetched_from_the_node(sim_cluster: SimCluster, t
     run, rc, err = _fault_mid_run(tmp_path, "job.py", "ready",
                                   lambda run: os.kill(_agent_of(run.name, "node1"), signal.SIGKILL))
     assert rc not in (0, None), err
-    assert "collecting logs and checking for leftovers on node1" in err
+    assert "fetching the logs runs/ lacks from node1 and checking for leftovers on node1" in err
     log = (run / "node1" / "rank1.log").read_text()
     # Written after the agent died (torchrun got SIGTERM and passed it on): only the node's log file had it.
     assert "rank 1 cleaning up after SIGTERM" in log

@@ -72,7 +72,8 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
     colour = {"succeeded": "green", "failed": "red", "interrupted": "yellow"}.get(outcome.state.value, "white")
     console.print()
     console.print(f"[bold {colour}]run {outcome.run_id} {outcome.state.value}[/] after {_span(duration)} "
-                  f"(exit code {outcome.exit_code})")
+                  f"(exit code {outcome.exit_code})"
+                  + ("" if outcome.logs_complete else "; [bold red]its logs in runs/ are incomplete[/] (see below)"))
     table = Table(box=None, padding=(0, 2), show_edge=False)
     for column in ("node", "rank", "state", "exit", "time"):
         table.add_column(column)
@@ -107,4 +108,6 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
                 console.print(f"see {launcher}")
     for note in outcome.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
+    for name in outcome.logs_unverified:
+        console.print(f"[bold red]logs:[/] {name} never said what its rank logs hold; runs/ may lack part of them")
     console.print(f"logs and status: {run_dir.path}/")

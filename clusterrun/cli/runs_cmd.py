@@ -200,9 +200,9 @@ def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool) -
     while True:
         results = fetch(found, received)
         for name, r in results.items():
-            for rk, _stream, lines in sorted(r.lines):
+            for rk, data in r.by_rank().items():
                 if (node is None or name == node) and (rank is None or rk == rank):
-                    for line in lines:
+                    for line in data.decode("utf-8", errors="replace").splitlines():
                         sys.stdout.write(f"[{name}:{rk}] {line}\n")
             if r.problem:
                 click.echo(f"clusterrun: {name}: {r.problem}", err=True)
@@ -228,13 +228,11 @@ def _record_detached_end(found: Any, results: dict[str, Any]) -> None:
     state = found.read_json("status.json")
     if state.get("state") != "detached":
         return
-    for name, r in fetch(found, {}).items():  # the whole logs, so that runs/<id>/ holds them like any run's
-        files: dict[int, list[str]] = {}
-        for rk, _stream, lines in sorted(r.lines):
-            files.setdefault(rk, []).extend(lines)
-        for rk, lines in files.items():
+    # The whole logs, so that runs/<id>/ holds them like any run's.
+    for name, r in fetch(found, {}, partial=True).items():
+        for rk, data in r.by_rank().items():
             found.node_dir(name)
-            found.rank_log(name, rk).write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+            found.rank_log(name, rk).write_bytes(data)
     codes: dict[str, int | None] = {}
     first_failure = None
     for name, r in results.items():

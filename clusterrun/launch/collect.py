@@ -1,60 +1,102 @@
-"""One call of the node agent's ``collect`` mode: the rank log lines a node has beyond those already received.
+"""One call of the node agent's ``collect`` mode: the part of a node's rank logs that clusterrun does not have.
 
-Used after a broken stream (:mod:`clusterrun.launch.recover`, which also sweeps what is left of the run)
-and to read a detached run's logs (:mod:`clusterrun.launch.remote_logs`, which stops nothing).
+Used at the end of a run to complete ``runs/`` (:mod:`clusterrun.launch.recover`, which also sweeps what is
+left of the run when the node's stream broke) and to read a detached run's logs
+(:mod:`clusterrun.launch.remote_logs`, which stops nothing). What was already received is given as byte
+offsets per rank file, so nothing arrives twice; the node answers with each file's size and line count and
+then the bytes past the offset, as the same ``out`` frames a running agent sends.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterrun.errors import CommandTimeout
 from clusterrun.launch.agent_cmd import agent_argv
+from clusterrun.launch.frames import frames
 from clusterrun.transport.base import Transport
+
+#: Receives fetched output: (global rank, "stdout" | "stderr", bytes, more of this record follows).
+OutSink = Callable[[int, str, bytes, bool], None]
 
 
 @dataclass
 class Collected:
     node: str
-    lines: list[tuple[int, str, list[str]]] = field(default_factory=list)  # (rank, stream, new lines)
-    skipped: int = 0  # older lines left on the node (over max_bytes)
+    files: list[dict[str, Any]] = field(default_factory=list)  # per rank file: rank, stream, bytes, lines, skipped_*
+    fetched_bytes: int = 0
+    fetched_lines: int = 0
     swept: list[int] = field(default_factory=list)  # processes stopped (sweep=True)
     alive: int | None = None  # processes of the run still there (sweep=False); None when unknown
     record: dict[str, Any] | None = None  # the node's exit.json once its torchrun ended
-    exit_code: int = 0  # of the collect command itself
-    tail: str = ""  # its last output lines, for a failure message
+    exit_code: int | None = 0  # of the collect command itself (None: it did not say)
+    tail: str = ""  # what it wrote to stderr last, for a failure message
 
     @property
-    def fetched(self) -> int:
-        return sum(len(lines) for _r, _s, lines in self.lines)
+    def skipped_bytes(self) -> int:
+        return sum(int(f.get("skipped_bytes") or 0) for f in self.files)
+
+    @property
+    def skipped_lines(self) -> int:
+        return sum(int(f.get("skipped_lines") or 0) for f in self.files)
+
+    def sizes(self) -> dict[str, dict[str, Any]]:
+        """``{"<rank>/<stream>": {"bytes", "lines"}}`` as the node reported its files."""
+        return {f"{f['rank']}/{f['stream']}": {"bytes": f.get("bytes"), "lines": f.get("lines")} for f in self.files}
 
 
 def collect(transport: Transport, *, node: str, python: str, inline: bool, run_id: str, run_dir: str,
-            rank_offset: int, received: Mapping[tuple[str, int, str], int], sweep: bool, grace: float,
-            max_bytes: int, timeout: float) -> Collected:
-    """Run ``collect`` on ``node``. Raises :class:`ClusterrunError` when the node cannot be reached."""
-    skip = {f"{rank}/{stream}": n for (name, rank, stream), n in received.items() if name == node}
+            rank_offset: int, offsets: Mapping[str, int], sweep: bool, grace: float, max_bytes: int,
+            timeout: float, sink: OutSink, partial: bool = True) -> Collected:
+    """Run ``collect`` on ``node``; every fetched byte goes to ``sink`` as it arrives.
+
+    ``offsets``: bytes already received per ``"<rank>/<stream>"``; ``partial``: also send a last line that has
+    no newline yet (the run is over). Raises :class:`ClusterrunError` when the node cannot be reached and
+    :class:`CommandTimeout` when it does not finish within ``timeout`` seconds.
+    """
     spec = {"run_id": run_id, "node": node, "grace": grace, "run_dir": run_dir, "sweep": sweep,
-            "rank_offset": rank_offset, "max_bytes": max_bytes, "skip": skip}
-    res = transport.run(agent_argv(python, "collect", [base64.b64encode(json.dumps(spec).encode()).decode()],
-                                   inline=inline), timeout=timeout)
-    out = Collected(node, exit_code=res.exit_code, tail=res.tail(2))
-    for line in res.stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        kind = event.get("ev")
-        if kind == "log":
-            out.lines.append((int(event["rank"]), str(event["stream"]), list(event.get("lines") or [])))
-            out.skipped += int(event.get("skipped") or 0)
-        elif kind == "swept":
-            out.swept = list(event.get("pids") or [])
-        elif kind == "alive":
-            out.alive = len(event.get("pids") or [])
-        elif kind == "record":
-            out.record = event.get("exit")
+            "rank_offset": rank_offset, "max_bytes": max_bytes, "skip": dict(offsets), "partial": partial}
+    argv = agent_argv(python, "collect", [base64.b64encode(json.dumps(spec).encode()).decode()], inline=inline)
+    stream = transport.start(argv)
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        stream.abort()
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    out = Collected(node)
+    try:
+        for frame in frames(stream.chunks()):
+            event = frame.event
+            kind = event.get("ev")
+            if kind == "out":
+                sink(int(event["rank"]), str(event.get("stream", "stdout")), frame.payload, bool(event.get("open")))
+                out.fetched_bytes += len(frame.payload)
+                out.fetched_lines += frame.payload.count(b"\n")
+            elif kind == "log":
+                out.files.append(event)
+            elif kind == "swept":
+                out.swept = list(event.get("pids") or [])
+            elif kind == "alive":
+                out.alive = len(event.get("pids") or [])
+            elif kind == "record":
+                out.record = event.get("exit")
+            elif kind == "launcher":
+                out.tail = event.get("text", "")
+    finally:
+        timer.cancel()
+    if timed_out.is_set():
+        raise CommandTimeout(node, f"collecting the logs did not finish within {timeout:g}s "
+                                   f"({out.fetched_bytes} bytes fetched)")
+    out.exit_code = stream.wait(5.0)
+    stream.abort()
+    out.tail = (stream.stderr_text().strip().splitlines() or [out.tail])[-1]
     return out

@@ -1,14 +1,47 @@
 """Where a run's lines go on the orchestrator's terminal.
 
 Every line is written whole, by one thread, prefixed ``[node:rank]`` (``[node]`` for
-torchrun's own messages); on a terminal each node gets its own colour.
+torchrun's own messages); on a terminal each node gets its own colour. What is shown
+may be less than what is logged, never more:
+
+* a line longer than DISPLAY_MAX characters is shortened with a visible mark (the rank
+  log holds it whole);
+* a progress bar (records ending in a lone carriage return, as tqdm writes them) is shown
+  at most once per BAR_EVERY_TTY seconds per rank on a terminal and once per BAR_EVERY_PIPE
+  seconds when stdout is a file or a pipe; its last state is always shown.
 """
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import TextIO
+
+DISPLAY_MAX = 16 << 10  # characters of one line shown on the terminal
+BAR_EVERY_TTY = 1.0  # seconds between two shown updates of one rank's progress bar, on a terminal
+BAR_EVERY_PIPE = 20.0  # ... when stdout is not a terminal (a log file, CI)
+_RECORDS = re.compile(rb"(\r\n|\n|\r)")
+
+
+@dataclass
+class _Held:
+    text: str = ""  # the first DISPLAY_MAX + 1 characters of an unfinished record
+    extra: int = 0  # characters beyond them
+
+
+@dataclass
+class _Bar:
+    text: str | None = None  # the latest update not shown yet
+    shown_at: float = float("-inf")
+
+
+def shorten(text: str, limit: int = DISPLAY_MAX) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} …[{len(text) - limit} more characters; the rank log has the whole line]"
 
 _PALETTE = ("cyan", "green", "yellow", "magenta", "blue", "bright_cyan", "bright_green", "bright_yellow",
             "bright_magenta", "bright_blue", "red", "white")
@@ -30,6 +63,9 @@ class Console:
         self.quiet = quiet
         self.show_launcher = show_launcher
         self._colors: dict[str, str] = {}
+        self.bar_every = BAR_EVERY_TTY if self.out.isatty() else BAR_EVERY_PIPE
+        self._partial: dict[tuple[str, int, str], _Held] = {}  # an unfinished record's first characters
+        self._bars: dict[tuple[str, int, str], _Bar] = {}
 
     def _prefix(self, tag: str, node: str) -> str:
         if not self.color:
@@ -39,11 +75,81 @@ class Console:
         color = self._colors.setdefault(node, _PALETTE[len(self._colors) % len(_PALETTE)])
         return click.style(tag, fg=color)
 
+    def shows(self, rank: int) -> bool:
+        return not self.quiet and (self.ranks is None or rank in self.ranks)
+
     def rank_line(self, node: str, rank: int, text: str) -> None:
-        if self.quiet or (self.ranks is not None and rank not in self.ranks):
+        if self.shows(rank):
+            self._write_lines(node, rank, [text])
+
+    def _write_lines(self, node: str, rank: int, texts: list[str]) -> None:
+        if texts:
+            prefix = self._prefix(f"[{node}:{rank}]", node)
+            self.out.write("".join(f"{prefix} {shorten(t)}\n" for t in texts))
+            self.out.flush()
+
+    def rank_output(self, node: str, rank: int, stream: str, data: bytes, more: bool = False,
+                    now: float | None = None) -> None:
+        """Show a piece of a rank's output: whole records, or (``more``) the start of one that goes on."""
+        if not self.shows(rank) or not data:
             return
-        self.out.write(f"{self._prefix(f'[{node}:{rank}]', node)} {text}\n")
-        self.out.flush()
+        key = (node, rank, stream)
+        if b"\r" not in data and not more and key not in self._partial:  # the common case: whole lines
+            texts = data.decode("utf-8", errors="replace").split("\n")
+            if texts[-1] == "":
+                texts.pop()
+            self._write_lines(node, rank, texts)
+            return
+        now = time.monotonic() if now is None else now
+        texts = []
+        parts = _RECORDS.split(data)  # text, terminator, text, terminator, ..., text
+        for i in range(0, len(parts), 2):
+            raw, end = parts[i], parts[i + 1] if i + 1 < len(parts) else None
+            if end is None and not raw:
+                continue
+            text = self._join_partial(key, raw.decode("utf-8", errors="replace"), done=end is not None or not more)
+            if text is None:
+                continue
+            if end == b"\r":  # a progress bar's state (tqdm writes "\r" + bar); an empty one is its start
+                if text:
+                    bar = self._bars.setdefault(key, _Bar())
+                    if now - bar.shown_at >= self.bar_every:
+                        texts.append(text)
+                        bar.text, bar.shown_at = None, now
+                    else:
+                        bar.text = text
+                continue
+            if key in self._bars:
+                self._bars[key].text = None  # a finished line (the bar's last state) supersedes pending updates
+            texts.append(text)
+        self._write_lines(node, rank, texts)
+
+    def _join_partial(self, key: tuple[str, int, str], text: str, done: bool) -> str | None:
+        """The whole record's text once ``done``; until then, keep its start (a bounded part of it)."""
+        held = self._partial.get(key)
+        if held is None and done:
+            return text
+        if held is None:
+            held = self._partial[key] = _Held()
+        room = max(0, DISPLAY_MAX + 1 - len(held.text))
+        held.text += text[:room]
+        held.extra += max(0, len(text) - room)
+        if not done:
+            return None
+        del self._partial[key]
+        return held.text if not held.extra else f"{shorten(held.text)} …[+{held.extra} characters]"
+
+    def tick(self, now: float | None = None, final: bool = False) -> None:
+        """Show progress bar updates held back for longer than the rate allows (all of them when ``final``)."""
+        now = time.monotonic() if now is None else now
+        for (node, rank, _stream), bar in self._bars.items():
+            if bar.text is not None and (final or now - bar.shown_at >= self.bar_every):
+                self._write_lines(node, rank, [bar.text])
+                bar.text, bar.shown_at = None, now
+        if final:
+            for (node, rank, _stream), held in list(self._partial.items()):
+                self._write_lines(node, rank, [held.text])
+            self._partial.clear()
 
     def node_line(self, node: str, text: str) -> None:
         if self.quiet or not self.show_launcher:

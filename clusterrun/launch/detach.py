@@ -8,13 +8,13 @@ reads the logs from the nodes, ``clusterrun down RUN`` stops the run on every no
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 
 from clusterrun.errors import ClusterrunError, StartError
 from clusterrun.launch.agent_cmd import agent_spec, run_argv
 from clusterrun.launch.fanout import on_every_node
+from clusterrun.launch.frames import frames
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.transport.base import Transport
 
@@ -31,11 +31,8 @@ def start_detached(plan: LaunchPlan, transports: Mapping[str, Transport],
         stream = transports[node.name].start(run_argv(node, spec, inline=node.transport.value == "ssh"))
         deadline = time.monotonic() + START_TIMEOUT
         try:
-            for line in stream.lines():
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
+            for frame in frames(stream.chunks()):
+                event = frame.event
                 if event.get("ev") == "started":
                     return float(event.get("time") or time.time())
                 if event.get("ev") in ("error", "exit"):

@@ -38,28 +38,43 @@ RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 NODE_VAR = "CLUSTERRUN_NODE"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-READ_CHUNK = 1 << 16
-TAIL_INTERVAL = 0.02  # seconds between looks at the rank log files
-MAX_LINE = 1 << 20  # a "line" longer than this is emitted in pieces rather than held in memory
+READ_CHUNK = 128 << 10  # bytes read from one rank file per turn: one ``out`` frame at most this big
+MAX_RECORD = 1 << 20  # an unfinished line longer than this goes out in pieces (``open``) instead of being held
+TAIL_FAST, TAIL_SLOW = 0.01, 0.1  # seconds between looks at the rank files: right after data, and when idle
 
+# The wire protocol, agent -> clusterrun: one JSON object per line (an *event*, ``{"ev": KIND, ...}``). An event
+# with ``"n": N`` is followed by exactly N raw bytes (its payload) that are not part of any line. ``out`` events
+# carry rank output as payload: whole records (ending in \n or \r) unless ``"open": true``, which says the record
+# goes on in the next ``out`` of the same rank and stream (nothing of the rank's other stream comes in between).
+# Events: started, out, launcher, rank_failed, error, pong, exit (always last: torchrun's end and, in ``logs``,
+# every rank file's size and line count, sent after every byte of them); collect mode: swept, alive, log, out,
+# record.
+
+OUT_FD = 1  # where events go: stdout, which is the ssh channel (tests point it at a file)
 _out_lock = threading.Lock()
 _out_broken = False
+_out_progress = time.monotonic()  # when a write last went through (a blocked stream stops moving it)
 
 
-def emit(event: dict) -> None:
-    """Write one event as one line with one write, so events never interleave."""
-    global _out_broken
+def emit(event: dict, payload: bytes = b"") -> bool:
+    """Write one event (and its payload) with one write, so events never interleave. False once the stream is gone."""
+    global _out_broken, _out_progress
     if _out_broken:
-        return
-    data = (json.dumps(event, separators=(",", ":")) + "\n").encode()
+        return False
+    if payload:
+        event["n"] = len(payload)
+    data = (json.dumps(event, separators=(",", ":")) + "\n").encode() + payload
     with _out_lock:
         try:
             view = memoryview(data)
             while view:
-                n = os.write(1, view)
+                n = os.write(OUT_FD, view)
                 view = view[n:]
+                _out_progress = time.monotonic()
         except OSError:
             _out_broken = True  # the stream is gone; logs are still on disk
+            return False
+    return True
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -187,48 +202,92 @@ def _reap() -> None:
 # ---------------------------------------------------------------- log tailing
 
 
-class _RankFile:
-    def __init__(self, path: str, rank: int, local_rank: int, stream: str) -> None:
+def _record_end(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` made of whole records (each ending in \\n or \\r).
+
+    A \\r that is the last byte may be the first half of \\r\\n: that record waits for the next byte.
+    """
+    end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+    if end == len(data) and data.endswith(b"\r"):
+        end = max(data.rfind(b"\n", 0, -1), data.rfind(b"\r", 0, -1)) + 1
+    return end
+
+
+class RankFile:
+    """One rank's stdout or stderr log, sent on as ``out`` events from ``offset`` on.
+
+    Only whole records leave (a line, or a progress bar's update ending in \\r), so lines of the rank's two
+    streams never mix in clusterrun's rank log; an unfinished record is held until its end arrives, or sent in
+    pieces (``open``) once it is longer than MAX_RECORD. ``sent`` and ``lines`` count what went out.
+    """
+
+    def __init__(self, path: str, rank: int, local_rank: int, stream: str, offset: int = 0) -> None:
         self.path, self.rank, self.local_rank, self.stream = path, rank, local_rank, stream
-        self.offset = 0
+        self.offset = offset  # read up to here
+        self.sent = offset  # sent up to here (the rest of what was read is ``pending``)
+        self.lines = 0  # newlines sent
         self.pending = b""
+        self.open = False  # a piece of an unfinished record went out: this stream owns the rank's log line
         self.fh = None
 
-    def pump(self, final: bool = False) -> int:
+    def key(self) -> str:
+        return f"{self.rank}/{self.stream}"
+
+    def _open(self) -> bool:
         if self.fh is None:
             try:
                 self.fh = open(self.path, "rb")  # noqa: SIM115 - kept open while tailing
             except OSError:
-                return 0
-        total = 0
-        while True:
-            chunk = self.fh.read(READ_CHUNK)
-            if not chunk:
-                break
-            total += len(chunk)
-            self.pending += chunk
-            *lines, self.pending = self.pending.split(b"\n")
-            for line in lines:
-                self._emit(line)
-            while len(self.pending) > MAX_LINE:
-                self._emit(self.pending[:MAX_LINE])
-                self.pending = self.pending[MAX_LINE:]
-        if final:
-            if self.pending:
-                self._emit(self.pending)
-                self.pending = b""
-            self.fh.close()
-        return total
+                return False
+            if self.offset:
+                self.fh.seek(self.offset)
+        return True
 
-    def _emit(self, raw: bytes) -> None:
-        emit({"ev": "line", "rank": self.rank, "local_rank": self.local_rank, "stream": self.stream,
-              "text": raw.decode("utf-8", errors="replace").rstrip("\r")})
+    def pump(self, final: bool = False) -> int:
+        """Read at most READ_CHUNK new bytes and send what forms whole records. Returns the bytes read.
+
+        ``final``: the file is complete (its writers are gone), so an unfinished last record goes out too.
+        """
+        if _out_broken or not self._open():
+            return 0  # nobody to send to (a detached run's connection is gone): the file stays as it is
+        chunk = self.fh.read(READ_CHUNK)
+        self.offset += len(chunk)
+        data = self.pending + chunk if self.pending else chunk
+        if not data:
+            return 0
+        at_end = final and not chunk
+        cut = len(data) if at_end or len(data) >= MAX_RECORD else _record_end(data)
+        if cut and not self._send(data[:cut], more=not at_end and data[cut - 1:cut] not in (b"\n", b"\r")):
+            return len(chunk)
+        self.pending = data[cut:]
+        return len(chunk)
+
+    def _send(self, data: bytes, more: bool) -> bool:
+        ok = emit({"ev": "out", "rank": self.rank, "local_rank": self.local_rank, "stream": self.stream,
+                   "open": more}, data)
+        if ok:
+            self.sent += len(data)
+            self.lines += data.count(b"\n")
+            self.open = more
+        return ok
+
+    def drained(self) -> bool:
+        return not self.pending and self.fh is not None and self.offset >= os.fstat(self.fh.fileno()).st_size
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
 
 
 class Tailer(threading.Thread):
-    """Follows ``<log_dir>/*/attempt_*/<local_rank>/{stdout,stderr}.log`` as torchrun creates them."""
+    """Follows ``<log_dir>/*/attempt_*/<local_rank>/{stdout,stderr}.log`` as torchrun creates them.
+
+    Every file gets a turn of at most READ_CHUNK bytes in each round, so one flooding rank cannot starve the
+    others. After ``stop_event``, it reads every file to its end and sends all of it, then sets ``done``.
+    """
 
     _PATH = re.compile(r"attempt_(\d+)/(\d+)/(stdout|stderr)\.log$")
+    DISCOVER_EVERY = 0.2  # seconds between looks for new rank files while data flows
 
     def __init__(self, log_dir: str, rank_offset: int) -> None:
         super().__init__(daemon=True, name="tailer")
@@ -237,6 +296,7 @@ class Tailer(threading.Thread):
         self.started_at: dict = {}
         self.stop_event = threading.Event()
         self.done = threading.Event()
+        self.progress = time.monotonic()  # last time a turn moved data (the final drain is judged by it)
 
     def _discover(self) -> None:
         if not os.path.isdir(self.log_dir):
@@ -251,21 +311,66 @@ class Tailer(threading.Thread):
                     continue
                 local_rank = int(m.group(2))
                 rank = self.rank_offset + local_rank
-                self.files[path] = _RankFile(path, rank, local_rank, m.group(3))
+                self.files[path] = RankFile(path, rank, local_rank, m.group(3))
                 self.started_at.setdefault(rank, time.time())
+
+    def _round(self, final: bool = False) -> int:
+        """One turn for every file whose rank's log line is not held open by its other stream."""
+        files = list(self.files.values())
+        owners = {f.rank: f for f in files if f.open}
+        moved = 0
+        for f in files:
+            owner = owners.get(f.rank)
+            if owner is not None and owner is not f:
+                continue
+            moved += f.pump(final)
+            if f.open:
+                owners[f.rank] = f
+            elif owner is f:
+                del owners[f.rank]
+        return moved
 
     def run(self) -> None:
         try:
+            wait, looked = TAIL_FAST, 0.0
             while not self.stop_event.is_set():
-                self._discover()
-                moved = sum(f.pump() for f in list(self.files.values()))
-                if not moved:
-                    self.stop_event.wait(TAIL_INTERVAL)
+                now = time.monotonic()
+                if now - looked >= self.DISCOVER_EVERY or wait >= TAIL_SLOW:
+                    self._discover()
+                    looked = now
+                if self._round():
+                    self.progress = time.monotonic()
+                    wait = TAIL_FAST
+                else:
+                    self.stop_event.wait(wait)
+                    wait = min(TAIL_SLOW, wait * 2)
+            # The job is over: every byte of every file goes out, whole records first, then what is left.
             self._discover()
-            for f in list(self.files.values()):
-                f.pump(final=True)
+            while not _out_broken:
+                if self._round():
+                    self.progress = time.monotonic()
+                    continue
+                if all(f.drained() or f.fh is None for f in self.files.values()):
+                    break
+                sent = sum(f.sent for f in self.files.values())
+                if not self._round(final=True) and sum(f.sent for f in self.files.values()) == sent:
+                    break  # nothing left that can move (a file vanished or shrank)
+                self.progress = time.monotonic()
+            for f in self.files.values():
+                f.close()
         finally:
             self.done.set()
+
+    def sizes(self) -> dict:
+        """``{"<rank>/<stream>": {"bytes", "lines"}}``: what each file holds and (after ``done``) what was sent."""
+        out = {}
+        for f in self.files.values():
+            try:
+                size = os.path.getsize(f.path)
+            except OSError:
+                size = f.offset
+            out[f.key()] = {"bytes": size, "sent": f.sent, "lines": f.lines if f.sent >= size else None}
+        return out
 
 
 # ---------------------------------------------------------------- torchrun's summary
@@ -427,18 +532,23 @@ class Agent:
         stop_processes(lambda: descendants(me), self.grace)
         stop_processes(lambda: marked(self.run_id, {me}, self.node), 0.5)
         reader.join(timeout=2.0)
+        # The end is a handshake: every byte of every rank file goes out before the exit event. The drain is
+        # bounded by progress, not by time: it may take long on a slow link, but a stream that stops moving
+        # (clusterrun frozen, the link dead) for the heartbeat timeout ends it; the files stay on the node.
         tailer.stop_event.set()
-        tailer.done.wait(timeout=5.0)
+        stall = max(self.heartbeat_timeout, 15.0)
+        while not tailer.done.wait(0.5):
+            if time.monotonic() - max(tailer.progress, _out_progress) > stall:
+                break
         ranks = parse_failures(self.launcher_lines)
         for rank, started in tailer.started_at.items():
             ranks.setdefault(rank, {"rc": 0 if rc == 0 else None, "signal": None, "time": None})
             ranks[rank]["started"] = started
-        return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished")
+        return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished", logs=tailer.sizes())
 
-
-    def _finish(self, rc: int, signum, ranks: dict, reason: str) -> int:
+    def _finish(self, rc: int, signum, ranks: dict, reason: str, logs: dict | None = None) -> int:
         result = {"ev": "exit", "rc": rc, "signal": signum, "ranks": {str(k): v for k, v in ranks.items()},
-                  "reason": reason, "time": time.time()}
+                  "reason": reason, "time": time.time(), "logs": logs or {}}
         try:
             with open(os.path.join(self.run_dir, "exit.json"), "w") as f:
                 json.dump(result, f)
@@ -451,12 +561,39 @@ class Agent:
 # ---------------------------------------------------------------- after a broken stream
 
 
+def _line_start_after(fh, pos: int) -> int:
+    """The first offset at or after ``pos`` that starts a line (so a cut never splits one)."""
+    if pos <= 0:
+        return 0
+    fh.seek(pos - 1)
+    while True:
+        block = fh.read(READ_CHUNK)
+        if not block:
+            return fh.tell()
+        i = block.find(b"\n")
+        if i >= 0:
+            return fh.tell() - len(block) + i + 1
+
+
+def _count_lines(fh, start: int, end: int) -> int:
+    fh.seek(start)
+    count, left = 0, end - start
+    while left > 0:
+        block = fh.read(min(READ_CHUNK, left))
+        if not block:
+            break
+        count += block.count(b"\n")
+        left -= len(block)
+    return count
+
+
 def collect(spec: dict) -> int:
     """Stop what is left of a run on this node, then send what its rank logs hold beyond what clusterrun got.
 
-    ``spec``: run_id, node, grace, run_dir, rank_offset, max_bytes, and ``skip``: {"<rank>/<stream>": lines
-    already received}. Prints ``swept``, then one ``log`` event per rank file with the lines clusterrun lacks
-    (at most ``max_bytes`` from their end; ``skipped`` counts what was left out), then ``record`` (exit.json).
+    ``spec``: run_id, node, grace, run_dir, rank_offset, max_bytes, ``skip``: {"<rank>/<stream>": bytes already
+    received}, ``partial``: send an unfinished last line too (the run is over). Prints ``swept`` (or ``alive``),
+    then per rank file one ``log`` event (its size and lines, where sending starts, what is left out: at most
+    ``max_bytes`` from the end are sent, cut at a line start) followed by its ``out`` events, then ``record``.
     """
     me = os.getpid()
     exclude = {me, os.getppid()}
@@ -470,28 +607,35 @@ def collect(spec: dict) -> int:
     log_dir = os.path.join(run_dir, "torchrun")
     skip = spec.get("skip", {})
     limit = int(spec.get("max_bytes", 8 << 20))
+    partial = bool(spec.get("partial", True))
     for top, _dirs, names in sorted(os.walk(log_dir)) if os.path.isdir(log_dir) else ():
         for name in sorted(names):
-            m = Tailer._PATH.search(os.path.join(top, name))
+            path = os.path.join(top, name)
+            m = Tailer._PATH.search(path)
             if not m:
                 continue
-            rank = int(spec.get("rank_offset", 0)) + int(m.group(2))
+            local_rank = int(m.group(2))
+            rank = int(spec.get("rank_offset", 0)) + local_rank
+            key = f"{rank}/{m.group(3)}"
             try:
-                with open(os.path.join(top, name), "rb") as fh:
-                    data = fh.read()
+                fh = open(path, "rb")  # noqa: SIM115 - closed below
             except OSError:
                 continue
-            lines = data.split(b"\n")
-            if lines and lines[-1] == b"":
-                lines.pop()
-            rest = lines[int(skip.get(f"{rank}/{m.group(3)}", 0)):]
-            size, keep = 0, len(rest)
-            while keep > 0 and size + len(rest[keep - 1]) + 1 <= limit:
-                keep -= 1
-                size += len(rest[keep]) + 1
-            skipped, rest = keep, rest[keep:]
-            emit({"ev": "log", "rank": rank, "stream": m.group(3), "skipped": skipped,
-                  "lines": [x.decode("utf-8", errors="replace").rstrip("\r") for x in rest]})
+            with fh:
+                size = os.fstat(fh.fileno()).st_size
+                start = min(int(skip.get(key, 0)), size)
+                begin = _line_start_after(fh, size - limit) if size - start > limit else start
+                emit({"ev": "log", "rank": rank, "stream": m.group(3), "bytes": size,
+                      "lines": _count_lines(fh, 0, size), "from": begin, "skipped_bytes": begin - start,
+                      "skipped_lines": _count_lines(fh, start, begin)})
+            f = RankFile(path, rank, local_rank, m.group(3), offset=begin)
+            while f.offset < size and not _out_broken:
+                if not f.pump() and not f.pending:
+                    break
+            for _ in range(64 if partial else 0):  # its writers are gone: what is left is its unfinished end
+                if not f.pump(final=True):
+                    break
+            f.close()
     try:
         with open(os.path.join(run_dir, "exit.json")) as fh:
             emit({"ev": "record", "exit": json.load(fh)})

@@ -94,6 +94,13 @@ class RunOutcome:
     first_failure: Failure | None = None
     interrupted_by: int | None = None  # the signal that made the user stop the run
     notes: list[str] = field(default_factory=list)
+    log_gaps: list[dict[str, Any]] = field(default_factory=list)  # rank output that never reached runs/
+    logs_unverified: list[str] = field(default_factory=list)  # nodes that never said what their logs hold
+    log_totals: dict[str, dict[str, int | None]] = field(default_factory=dict)  # received per node/rank/stream
+
+    @property
+    def logs_complete(self) -> bool:
+        return not self.log_gaps and not self.logs_unverified
 
     @property
     def state(self) -> RunState:
@@ -121,4 +128,6 @@ class RunOutcome:
                 "interrupted_by": signal_name(self.interrupted_by),
                 "first_failure": self.first_failure.to_dict() if self.first_failure else None,
                 "notes": self.notes,
+                "logs": {"complete": self.logs_complete, "gaps": self.log_gaps, "unverified": self.logs_unverified,
+                         "received": self.log_totals},
                 "nodes": {name: n.to_dict() for name, n in self.nodes.items()}}

@@ -1,9 +1,12 @@
 """Run a launch plan on its nodes and supervise it to the end.
 
 One node agent per node (see :mod:`clusterrun.launch.node_agent`) is started in
-parallel; a reader thread per node turns the agent's JSON events into a bounded
-queue; the calling thread alone writes logs and the terminal, so lines are never
-split or mixed. The first failure (a rank exits non-zero, a node's connection
+parallel; a reader thread per node turns the agent's output into frames (events,
+rank output as raw payloads) on a bounded queue; the calling thread alone writes
+logs and the terminal (:class:`~clusterrun.launch.relay.LogRelay`), so lines are
+never split or mixed. The end of a node is a handshake: its agent sends every byte
+of every rank file, then its ``exit`` event with each file's size, then closes the
+stream; the loop reads each stream to its end. The first failure (a rank exits non-zero, a node's connection
 drops) stops every other node: ``term`` to each agent, which sends SIGTERM to its
 processes and SIGKILL after the grace period. Ctrl-C or SIGTERM does the same; a
 second Ctrl-C sends ``kill``. Heartbeats tell each agent we are still here; an agent
@@ -12,7 +15,6 @@ that stops hearing them (or whose connection closes) stops its node by itself.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import signal
@@ -21,12 +23,14 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 from clusterrun.errors import EXIT_TIMEOUT, ClusterrunError, StartError
 from clusterrun.launch.agent_cmd import agent_spec, run_argv
 from clusterrun.launch.console import Console
+from clusterrun.launch.frames import Frame, FrameDecoder
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
+from clusterrun.launch.relay import LogRelay
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.runs import RunDir
 from clusterrun.transport.base import Stream, Transport
@@ -41,9 +45,10 @@ class SupervisorSettings:
     grace: float = 2.0  # seconds between SIGTERM and SIGKILL on each node
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 15.0  # an agent that hears nothing for this long stops its node
-    stop_timeout: float = 10.0  # after asking nodes to stop, how long to wait before giving up on them
+    stop_timeout: float = 10.0  # after asking nodes to stop: how long one may send nothing before we give up on it
+    drain_timeout: float = 600.0  # ... and how long one may go on sending its logs at most
     start_timeout: float = 60.0  # for starting the agent on every node
-    queue_size: int = 10_000  # events in flight; readers block beyond this (bounded memory)
+    queue_size: int = 512  # frames in flight (each at most 128 KiB of output); readers block beyond this
     timeout: float | None = None  # the whole job: past this many seconds it is stopped and fails (exit 124)
 
 
@@ -61,13 +66,13 @@ class Supervisor:
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.settings.queue_size)
         self._streams: dict[str, Stream] = {}
         self._ended: set[str] = set()
-        self._logs: dict[tuple[str, int], IO[str]] = {}
+        self.relay = LogRelay(run_dir, console, {n.name: n.run_dir for n in plan.nodes})
         self._stop_sent_at: float | None = None
         self._kill_sent = False
         self._signals: list[int] = []
         self._stage = stage or {}
         self._last_heard: dict[str, float] = {}
-        self.received: dict[tuple[str, int, str], int] = {}  # lines per (node, rank, stdout|stderr)
+        self._last_progress: dict[str, float] = {}  # the last event other than a heartbeat's answer
         self.outcome = RunOutcome(
             run_id=plan.run_id, started=time.time(),
             nodes={n.name: NodeOutcome(n.name, {r: RankOutcome(r, r - n.rank_offset) for r in n.ranks})
@@ -101,48 +106,41 @@ class Supervisor:
             node.started = now
 
     def _pump(self, name: str, stream: Stream) -> None:
+        decoder = FrameDecoder()
         try:
-            for line in stream.lines():
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    event = {"ev": "launcher", "text": line}
-                self._events.put((name, event))
+            for chunk in stream.chunks():
+                for frame in decoder.feed(chunk):
+                    self._events.put((name, frame))
+            for frame in decoder.close():
+                self._events.put((name, frame))
         except Exception as exc:
-            self._events.put((name, {"ev": "stream_error", "text": str(exc)}))
+            self._events.put((name, Frame({"ev": "stream_error", "text": str(exc)})))
         finally:
             self._events.put((name, _EOF))
 
     # ------------------------------------------------------------ events
 
-    def _log(self, node: str, rank: int) -> IO[str]:
-        fh = self._logs.get((node, rank))
-        if fh is None:
-            fh = self._logs[(node, rank)] = self.run_dir.open_rank_log(node, rank)
-        return fh
-
-    def _handle(self, name: str, event: Any) -> None:
+    def _handle(self, name: str, item: Frame | object) -> None:
         node = self.outcome.nodes[name]
-        self._last_heard[name] = time.monotonic()
-        if event is _EOF:
+        now = time.monotonic()
+        self._last_heard[name] = now
+        if not isinstance(item, Frame):  # _EOF: the stream ended
             self._ended.add(name)
             if node.ended is None:
                 tail = self._streams[name].stderr_text().strip().splitlines()[-3:]
                 self._lose(name, "connection lost before the node reported" + (f": {' | '.join(tail)}" if tail else ""))
             return
+        event = item.event
         kind = event.get("ev")
         if kind == "pong":
             return
-        if kind == "started":
+        self._last_progress[name] = now
+        if kind == "out":
+            # A payload cut short by a broken stream is the start of a record: shown once it is whole.
+            self.relay.write(name, int(event["rank"]), str(event.get("stream", "stdout")), item.payload,
+                             bool(event.get("open") or event.get("cut")))
+        elif kind == "started":
             node.launched = event.get("time")
-            return
-        if kind == "line":
-            rank = int(event["rank"])
-            text = event.get("text", "")
-            key = (name, rank, str(event.get("stream", "stdout")))
-            self.received[key] = self.received.get(key, 0) + 1
-            self._log(name, rank).write(text + "\n")
-            self.console.rank_line(name, rank, text)
         elif kind in ("launcher", "error", "stream_error"):
             text = event.get("text", "")
             with open(self.run_dir.launcher_log(name), "a", encoding="utf-8") as fh:
@@ -160,6 +158,7 @@ class Supervisor:
                 rank.ended = event.get("time")
                 self._fail(Failure(name, rank.rank, rank.exit_code or 1, rank.signal, "exited while others ran"))
         elif kind == "exit":
+            self.relay.expect(name, event.get("logs") or {})
             self._node_exit(node, event)
 
     def _node_exit(self, node: NodeOutcome, event: dict[str, Any]) -> None:
@@ -253,22 +252,25 @@ class Supervisor:
                 stream.abort()
             for t in readers:
                 t.join(timeout=2.0)
-            for fh in self._logs.values():
-                fh.close()
+            self.relay.close()
             self.outcome.ended = self.outcome.ended or time.time()
         return self.outcome
 
     def _loop(self) -> None:
         started = time.monotonic()
         next_beat = started + self.settings.heartbeat_interval
+        next_tick = started
         while len(self._ended) < len(self._streams):
             try:
-                name, event = self._events.get(timeout=0.1)
-                self._handle(name, event)
+                name, item = self._events.get(timeout=0.1)
+                self._handle(name, item)
             except queue.Empty:
                 pass
             self._handle_signals()
             now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + 0.25
+                self.console.tick(now)  # progress bars held back by the rate limit
             if now >= next_beat:
                 next_beat = now + self.settings.heartbeat_interval
                 for name, stream in self._streams.items():
@@ -280,8 +282,11 @@ class Supervisor:
                 self._fail(Failure(first, None, EXIT_TIMEOUT, None, f"the job ran past its {self.settings.timeout:g}s "
                                                                     "time limit"))
             if self._stop_sent_at is not None and now - self._stop_sent_at > self.settings.stop_timeout:
-                self._give_up()
-                return
+                # A node still sending its logs is waited for (up to drain_timeout); a silent one is not.
+                draining = now - self._stop_sent_at < self.settings.drain_timeout
+                stuck = [n for n in self._streams if n not in self._ended and not (
+                    draining and now - self._last_progress.get(n, 0.0) < self.settings.stop_timeout)]
+                self._give_up(stuck)
         self.outcome.ended = time.time()
 
     def _check_silent(self, now: float) -> None:
@@ -305,16 +310,15 @@ class Supervisor:
                 rank.state = RankState.unknown
         self._fail(Failure(name, None, 1, None, reason))
 
-    def _give_up(self) -> None:
+    def _give_up(self, names: list[str]) -> None:
         """Nodes that did not finish stopping in time: drop their streams (their agents then stop by themselves)."""
-        for name, stream in self._streams.items():
-            if name in self._ended:
-                continue
+        for name in names:
+            stream = self._streams[name]
             stream.abort()
+            self._ended.add(name)
             node = self.outcome.nodes[name]
             node.state = RankState.unknown
             node.reason = f"did not confirm it stopped within {self.settings.stop_timeout:g}s"
             self.outcome.notes.append(
                 f"{name}: {node.reason}; its agent stops the job there when it stops hearing clusterrun; to look "
                 f"yourself: processes with CLUSTERRUN_RUN_ID={self.plan.run_id} in their environment")
-        self.outcome.ended = time.time()

@@ -14,7 +14,7 @@ from clusterrun.launch.detach import start_detached
 from clusterrun.launch.outcome import RunOutcome
 from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.preflight import preflight, remove_archives
-from clusterrun.launch.recover import recover_lost
+from clusterrun.launch.recover import complete_logs
 from clusterrun.launch.replan import plan_with_facts
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
 from clusterrun.launch.transports import open_transports
@@ -102,8 +102,8 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
                          f"logs in {run_dir.path}/")
             outcome = supervisor.run()
-            recover_lost(plan, transports, run_dir, outcome, supervisor.received, console,
-                         grace=supervisor.settings.grace, heartbeat_timeout=supervisor.settings.heartbeat_timeout)
+            complete_logs(plan, transports, run_dir, outcome, supervisor.relay, console,
+                          grace=supervisor.settings.grace, heartbeat_timeout=supervisor.settings.heartbeat_timeout)
         except StartError as exc:
             run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "not-started",
                                                "problems": exc.problems, "ended": time.time()})

@@ -40,8 +40,21 @@ class Stream(abc.ABC):
     """A started command: read its stdout line by line, write to its stdin."""
 
     @abc.abstractmethod
+    def chunks(self) -> Iterator[bytes]:
+        """Yield stdout bytes as they arrive, until the command's output ends."""
+
     def lines(self) -> Iterator[str]:
         """Yield stdout lines (without the newline) until the command's output ends."""
+        buf = b""
+        for chunk in self.chunks():
+            buf += chunk
+            if b"\n" not in chunk:
+                continue
+            *complete, buf = buf.split(b"\n")
+            for raw in complete:
+                yield raw.decode("utf-8", errors="replace")
+        if buf:
+            yield buf.decode("utf-8", errors="replace")
 
     @abc.abstractmethod
     def send(self, text: str) -> bool:

@@ -35,10 +35,10 @@ class LocalStream(Stream):
             self._stderr += chunk
             del self._stderr[:-_STDERR_KEEP]
 
-    def lines(self) -> Iterator[str]:
-        assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            yield raw.decode("utf-8", errors="replace").rstrip("\n")
+    def chunks(self) -> Iterator[bytes]:
+        stdout = self._proc.stdout
+        assert stdout is not None
+        yield from iter(lambda: stdout.read1(1 << 18), b"")  # type: ignore[attr-defined]
 
     def send(self, text: str) -> bool:
         with self._lock:

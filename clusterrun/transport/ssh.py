@@ -27,6 +27,7 @@ from clusterrun.transport.ssh_target import SshTarget, resolve_target
 
 _STDERR_KEEP = 64 * 1024
 _KEEPALIVE_S = 5
+_RECV_CHUNK = 1 << 18
 _known_hosts_lock = threading.Lock()
 
 
@@ -112,21 +113,15 @@ class SshStream(Stream):
         except (OSError, EOFError, paramiko.SSHException):
             return
 
-    def lines(self) -> Iterator[str]:
-        buf = b""
+    def chunks(self) -> Iterator[bytes]:
         while True:
             try:
-                chunk = self._channel.recv(65536)
+                chunk = self._channel.recv(_RECV_CHUNK)
             except (OSError, EOFError, paramiko.SSHException):
-                chunk = b""
+                return
             if not chunk:
-                break
-            buf += chunk
-            *complete, buf = buf.split(b"\n")
-            for raw in complete:
-                yield raw.decode("utf-8", errors="replace")
-        if buf:
-            yield buf.decode("utf-8", errors="replace")
+                return
+            yield chunk
 
     def send(self, text: str) -> bool:
         with self._lock:

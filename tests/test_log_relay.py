@@ -1,0 +1,187 @@
+"""Rank output under a flood, over SSH on the simulated cluster: every line arrives once and whole.
+
+Each rank prints numbered 100-byte lines as fast as it can, interleaved with a stderr warning storm, a
+tqdm-style progress bar (carriage returns) and one multi-megabyte line written in pieces. The terminal and
+runs/<id>/<node>/rank<R>.log must both hold every numbered line exactly once, the rank log must hold the
+long line and the bar's bytes as written, and the run's record must say the logs are complete. When a node
+agent dies mid-flood, the record must say exactly what was fetched from the node afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from simcluster import SimCluster
+from simjobs import run_clusterrun, start_clusterrun, status, the_run, write_inventory
+from test_ssh_up import _agent_of, _wait_for_lines, assert_nothing_left
+
+pytestmark = pytest.mark.cluster
+
+NODES, NPROC = 4, 2
+LINES = 40_000  # per rank: 320,000 lines, 32 MB through the relay
+LONG = 3 << 20  # one line of 3 MiB, written in 64 KiB pieces
+BAR_STEPS = 500
+
+FLOOD = f"""
+import os, sys
+rank = int(os.environ["RANK"])
+out, err = sys.stdout, sys.stderr
+half = {LINES} // 2
+for i in range({LINES}):
+    out.write(f"R{{rank:04d}} L{{i:09d}} ".ljust(99, "x") + "\\n")
+    if i < half and i % 10 == 0:  # a warning storm, then a progress bar (tqdm writes "\\r" + bar)
+        err.write(f"W{{rank:04d}} warning {{i // 10}} of a storm\\n")
+    elif i >= half and (i - half) % (half // {BAR_STEPS}) == 0:
+        err.write(f"\\r{{(i - half) // (half // {BAR_STEPS}):5d}}/{BAR_STEPS} |bar|")
+        err.flush()
+err.write("\\r done |bar|\\n")
+out.flush()
+piece = "y" * 65536
+for _ in range({LONG} // 65536):
+    out.write(piece)
+    out.flush()
+out.write("END\\n")
+out.flush()
+"""
+
+NUMBERED = re.compile(r"R(\d{4}) L(\d{9}) x+$")
+
+
+def _numbered(lines: list[str]) -> tuple[Counter[tuple[int, int]], list[str]]:
+    """Counts of (rank, line number) among whole numbered lines, and the lines that look numbered but are not whole."""
+    seen: Counter[tuple[int, int]] = Counter()
+    broken = []
+    for line in lines:
+        body = line.split("] ", 1)[1] if line.startswith("[") else line
+        if not body.startswith("R0"):
+            continue
+        m = NUMBERED.match(body)
+        if m and len(body) == 99:
+            seen[(int(m.group(1)), int(m.group(2)))] += 1
+        else:
+            broken.append(body[:120])
+    return seen, broken
+
+
+def _assert_every_line_once(seen: Counter[tuple[int, int]], broken: list[str], ranks: range, where: str) -> None:
+    assert not broken, f"{where}: {len(broken)} broken lines, e.g. {broken[:3]}"
+    missing = [(r, i) for r in ranks for i in range(LINES) if seen[(r, i)] == 0]
+    twice = [k for k, n in seen.items() if n > 1]
+    assert not missing and not twice, (f"{where}: {len(missing)} lines missing (e.g. {missing[:3]}), "
+                                       f"{len(twice)} twice (e.g. {twice[:3]})")
+
+
+def test_flood_every_line_once_and_whole_in_terminal_and_runs(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", NODES, nproc=NPROC)
+    (tmp_path / "flood.py").write_text(FLOOD)
+    done = run_clusterrun("up", str(inv), "flood.py", cwd=tmp_path, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    world = range(NODES * NPROC)
+
+    terminal = done.stdout.splitlines()
+    _assert_every_line_once(*_numbered(terminal), world, "terminal")
+    # The long line is shown shortened, with a mark; the bar at a bounded rate (stdout is a pipe here).
+    long_shown = [line for line in terminal if "yyyy" in line]
+    assert len(long_shown) == NODES * NPROC
+    assert all("more characters" in line and len(line) < 20_000 for line in long_shown)
+    for rank in world:
+        bars = [line for line in terminal if line.startswith(f"[node{rank // NPROC}:{rank}]") and "|bar|" in line]
+        assert 1 <= len(bars) <= 10, bars[:12]
+        assert bars[-1].endswith(" done |bar|")  # the last state is always shown
+
+    run = the_run(tmp_path)
+    for rank in world:
+        data = (run / f"node{rank // NPROC}" / f"rank{rank}.log").read_bytes()
+        # A line of the other stream may follow a progress bar's \r (as with `2>&1`), never split a line.
+        lines = re.split(r"\r|\n", data.decode())
+        _assert_every_line_once(*_numbered(lines), range(rank, rank + 1), f"rank{rank}.log")
+        assert f"y{'y' * (LONG - 1)}END\n".encode() in data  # never split nor cut
+        assert data.count(b"|bar|\r") == BAR_STEPS  # carriage returns kept raw
+        assert sum(line.startswith(f"W{rank:04d} warning") for line in lines) == LINES // 20  # every 10th of half
+    st = status(run)
+    assert st["state"] == "succeeded"
+    assert st["logs"]["complete"] is True and not st["logs"]["gaps"], st["logs"]
+    totals = st["logs"]["received"]
+    assert totals[f"node1/{NPROC}/stdout"]["lines"] == LINES + 1  # the numbered lines and the long one
+    assert_nothing_left(sim_cluster, run.name)
+
+
+KILLED_FLOOD = """
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+print("ready", rank, flush=True)
+i = 0
+while not stopping and i < 2_000_000:
+    sys.stdout.write(f"R{rank:04d} L{i:09d} ".ljust(99, "x") + "\\n")
+    i += 1
+    if i % 1000 == 0:
+        time.sleep(0.01)  # a chatty loop, not a pure flood: the node is still alive to be asked
+sys.stdout.write(f"rank {rank} wrote {i} lines\\n")
+sys.stdout.flush()
+"""
+
+
+def test_killed_agent_mid_flood_the_record_says_what_was_fetched(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "flood.py").write_text(KILLED_FLOOD)
+    proc = start_clusterrun("up", str(inv), "flood.py", cwd=tmp_path)
+    try:
+        _wait_for_lines(proc, 2, "ready")
+        run = the_run(tmp_path)
+        os.kill(_agent_of(run.name, "node1"), signal.SIGKILL)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode not in (0, None), err
+    st = status(run)
+    fetched = [n for n in st["notes"] if n.startswith("node1: its stream broke; fetched")]
+    assert len(fetched) == 1, st["notes"]
+    # What the worker wrote and what runs/ holds are the same bytes: every line once, in order.
+    log = (run / "node1" / "rank1.log").read_bytes()
+    node_file = next((Path.home() / ".clusterrun" / "runs" / run.name / "node1" / "torchrun").rglob("stdout.log"))
+    assert log == node_file.read_bytes()
+    total = int(re.search(rb"rank 1 wrote (\d+) lines", log).group(1))
+    seen, broken = _numbered(log.decode().split("\n"))
+    assert not broken and len(seen) == total and set(seen.values()) == {1}
+    m = re.match(r"node1: its stream broke; fetched (\d+) line\(s\) \((\d+) bytes\)", fetched[0])
+    assert m and 0 < int(m.group(1)) <= total + 1
+    assert st["logs"]["complete"] is True, st["logs"]
+    received = st["logs"]["received"]["node1/1/stdout"]
+    assert received == {"bytes": len(log), "lines": total + 2}  # with "ready" and the last words
+    assert_nothing_left(sim_cluster, run.name)
+
+
+def test_unreachable_node_the_record_says_what_is_missing(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """node1 is partitioned mid-flood and never answers again: status.json and the summary say its logs are
+    incomplete and where they stay."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "flood.py").write_text(KILLED_FLOOD)
+    proc = start_clusterrun("up", str(inv), "flood.py", cwd=tmp_path)
+    try:
+        _wait_for_lines(proc, 2, "ready")
+        run = the_run(tmp_path)
+        sim_cluster.partition("node1")
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    st = status(run)
+    assert st["logs"]["complete"] is False and st["logs"]["unverified"] == ["node1"], st["logs"]
+    summary = " ".join(err.split())  # the summary is wrapped to the terminal's width
+    assert "its logs in runs/ are incomplete" in summary, err
+    assert "node1 never said what its rank logs hold" in summary
+    assert any("its rank logs stay on the node in" in n and "torchrun/" in n for n in st["notes"])
+    assert json.dumps(st)  # written whole
+    assert_nothing_left(sim_cluster, run.name, timeout=30)
+    sim_cluster.heal("node1")
