@@ -5,12 +5,19 @@
     ├── InventoryError              exit_code 2; the inventory is invalid (carries file:line)
     ├── PlanError                   exit_code 2; the inventory is valid but no launch plan fits it
     ├── ParseError                  exit_code 1; a tool printed output we do not recognise
-    ├── TransportError              exit_code 125; a node could not be reached or driven
-    │   ├── ConnectError            connect refused, timed out, unreachable, DNS
-    │   ├── AuthError               ssh authentication failed
-    │   ├── HostKeyError            unknown or changed host key
-    │   └── CommandTimeout          a command did not finish within its timeout
+    ├── NodeError                   exit_code 125; one node failed: ``node`` and a one-line ``reason``
+    │   ├── TransportError          the node could not be reached or driven
+    │   │   ├── ConnectError        connect refused, timed out, unreachable, DNS
+    │   │   ├── AuthError           ssh authentication failed
+    │   │   ├── HostKeyError        unknown or changed host key
+    │   │   └── CommandTimeout      a command (or a whole fan-out step) did not finish within its timeout
+    │   └── NodeNotReady            reachable, but it cannot run the job as planned
+    │       ├── PythonNotFound      the inventory's python does not exist there
+    │       └── NoTorch             that python has no torch (or no torchrun)
     └── StartError                  exit_code 125; preflight failed on one or more nodes, nothing started
+
+Per-node work fans out with :func:`clusterrun.transport.fanout.fan_out`, which keeps each node's
+:class:`NodeError` (not a string), so callers can tell an unreachable node from one without torch.
 
 Messages are written for the person at the terminal: they name the node or the
 ``file:line``, what was tried, and what to do next. They never carry colour codes.
@@ -79,8 +86,8 @@ class ParseError(ClusterrunError):
         self.lineno = lineno
 
 
-class TransportError(ClusterrunError):
-    """A node could not be reached or a command on it could not be run."""
+class NodeError(ClusterrunError):
+    """One node failed. ``reason`` is the message without the node's name."""
 
     exit_code = EXIT_COULD_NOT_START
 
@@ -88,6 +95,10 @@ class TransportError(ClusterrunError):
         super().__init__(f"{node}: {message}")
         self.node = node
         self.reason = message
+
+
+class TransportError(NodeError):
+    """A node could not be reached or a command on it could not be run."""
 
 
 class ConnectError(TransportError):
@@ -104,6 +115,18 @@ class HostKeyError(TransportError):
 
 class CommandTimeout(TransportError):
     """A remote or local command did not finish within its timeout."""
+
+
+class NodeNotReady(NodeError):
+    """The node answers, but it cannot run the job as planned (the reason says why and what to do)."""
+
+
+class PythonNotFound(NodeNotReady):
+    """The inventory's python does not exist on the node."""
+
+
+class NoTorch(NodeNotReady):
+    """The node's python has no torch, or a torch without torchrun."""
 
 
 class StartError(ClusterrunError):

@@ -126,6 +126,29 @@ class LaunchPlan:
     def node_of_rank(self, rank: int) -> NodePlan:
         return next(n for n in self.nodes if rank in n.ranks)
 
+    @property
+    def facts_pending(self) -> tuple[str, ...]:
+        """Nodes whose data NIC the inventory does not give: ``up`` takes it from what the node reports
+        (``plan --probe`` shows that plan). Empty for one node (its ranks talk over loopback)."""
+        if self.nnodes < 2:
+            return ()
+        return tuple(n.name for n in self.nodes if not n.data_nic)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchPlan:
+        """The plan as :meth:`to_dict` wrote it (``plan.json``). The job keeps its script, args and run id."""
+        nodes = tuple(NodePlan(
+            name=n["name"], host=n["host"], transport=Transport(n["transport"]), node_rank=int(n["node_rank"]),
+            nproc_per_node=int(n["nproc_per_node"]), rank_offset=int(n["ranks"][0]), gpus=tuple(n.get("gpus") or ()),
+            python=n["python"], argv=tuple(n["argv"]), cwd=n["cwd"], run_dir=n["run_dir"], script=n["script"],
+            env=tuple(EnvVar(k, v, (n.get("env_sources") or {}).get(k, "")) for k, v in (n.get("env") or {}).items()),
+            data_nic=n.get("data_nic"), data_address=n.get("data_address", ""),
+        ) for n in data["nodes"])
+        job = JobSpec(script=data.get("script", ""), run_id=data["run_id"], args=tuple(data.get("args") or ()))
+        return cls(run_id=data["run_id"], job=job, master_addr=data["master_addr"], master_port=int(data["master_port"]),
+                   data_network=data.get("data_network", ""), nodes=nodes, warnings=tuple(data.get("warnings") or ()),
+                   probed=tuple(data.get("probed") or ()))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
@@ -138,6 +161,7 @@ class LaunchPlan:
             "data_network": self.data_network,
             "warnings": list(self.warnings),
             "probed": list(self.probed),
+            "facts_pending": list(self.facts_pending),
             "nodes": [n.to_dict(self.master_addr, self.master_port) for n in self.nodes],
         }
 

@@ -10,15 +10,47 @@ Layout::
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clusterrun.plan import LaunchPlan
 
 DEFAULT_RUNS_DIR = "runs"
+
+
+class RunState(str, enum.Enum):
+    """A run's ``state`` in status.json.
+
+    ``starting`` (nodes being checked) -> ``running`` -> ``succeeded`` | ``failed`` | ``interrupted``; or
+    ``not-started`` (a node could not be started: nothing ran); ``starting`` -> ``detached`` (``up --detach``)
+    -> ``succeeded`` | ``failed`` (recorded by ``clusterrun logs``); any of starting, running, detached ->
+    ``stopped`` (recorded by ``clusterrun down``). ``lost`` is never written: :func:`run_state` says it of a run
+    whose file says starting or running while its clusterrun is gone.
+    """
+
+    starting = "starting"
+    running = "running"
+    detached = "detached"
+    not_started = "not-started"
+    succeeded = "succeeded"
+    failed = "failed"
+    interrupted = "interrupted"
+    stopped = "stopped"
+    lost = "lost"
+    unknown = "unknown"  # status.json is missing or unreadable
+
+    @property
+    def ended(self) -> bool:
+        return self in (RunState.succeeded, RunState.failed, RunState.interrupted, RunState.stopped,
+                        RunState.not_started)
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -64,8 +96,21 @@ class RunDir:
     def launcher_log(self, node: str) -> Path:
         return self.node_dir(node) / "launcher.log"
 
-    def write_json(self, name: str, data: dict[str, Any]) -> None:
+    def write_json(self, name: str, data: Mapping[str, Any]) -> None:
+        if name == "status.json":
+            raise ValueError("status.json is written by write_status only")
         _atomic_write(self.path / name, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+    def write_status(self, state: RunState, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """The one writer of status.json (atomic): ``{"run_id", "state", **fields}``. Returns what it wrote."""
+        data = {"run_id": self.run_id, **fields, "state": state.value}
+        _atomic_write(self.path / "status.json", json.dumps(data, indent=2, sort_keys=False) + "\n")
+        return data
+
+    def read_plan(self) -> LaunchPlan:
+        from clusterrun.plan import LaunchPlan
+
+        return LaunchPlan.from_dict(self.read_json("plan.json"))
 
     def read_json(self, name: str) -> dict[str, Any]:
         return json.loads((self.path / name).read_text(encoding="utf-8"))
@@ -109,12 +154,12 @@ def run_state(run: RunDir) -> dict[str, Any]:
     try:
         status = run.read_json("status.json")
     except (OSError, ValueError):
-        return {"state": "unknown"}
-    if status.get("state") in ("starting", "running") and status.get("pid"):
+        return {"state": RunState.unknown.value}
+    if status.get("state") in (RunState.starting.value, RunState.running.value) and status.get("pid"):
         try:
             os.kill(int(status["pid"]), 0)
         except ProcessLookupError:
-            status["state"] = "lost"  # killed without a chance to write its end; `clusterrun down` cleans up
+            status["state"] = RunState.lost.value  # killed without a chance to write its end; `clusterrun down` cleans up
         except PermissionError:
             pass
     return status

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.launch import node_agent
-from clusterrun.launch.agent_cmd import AGENT_PATH
-from clusterrun.launch.frames import Frame, frames
+from clusterrun import remote
+from clusterrun.remote import agent as node_agent
+from clusterrun.remote.protocol import Frame, frames
 
 
 class Wire:
@@ -134,7 +134,7 @@ def test_after_the_job_every_byte_goes_out_and_sizes_match(tmp_path: Path, wire:
 
 def _run_collect(spec: dict) -> list[Frame]:
     b64 = base64.b64encode(json.dumps(spec).encode()).decode()
-    done = subprocess.run([sys.executable, str(AGENT_PATH), "collect", b64], capture_output=True, timeout=60,
+    done = subprocess.run([sys.executable, str(remote.path("agent")), "collect", b64], capture_output=True, timeout=60,
                           check=True)
     return list(frames([done.stdout]))
 

@@ -55,7 +55,9 @@ def test_down_stops_a_detached_job(sim_cluster: SimCluster, tmp_path: Path) -> N
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     (tmp_path / "sleep.py").write_text(SLEEPER)
     run_id = detach(inv, tmp_path, "sleep.py")
-    time.sleep(2)
+    deadline = time.monotonic() + 30
+    while set(sim_cluster.job_processes(run_id)) != {"node0", "node1"} and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert set(sim_cluster.job_processes(run_id)) == {"node0", "node1"}
     done = run_clusterrun("down", run_id, "--grace", "1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -18,9 +18,9 @@ import pytest
 import clusterrun.doctor.checks.node  # noqa: F401  (registers the checks)
 from clusterrun.doctor.facts import MISSING, NodeFacts, Section
 from clusterrun.doctor.model import Finding, Scope, Verdict
-from clusterrun.doctor.parsers import ip
 from clusterrun.doctor.probe import SECTIONS
 from clusterrun.doctor.registry import CHECKS, Context
+from clusterrun.facts.parsers import ip
 from clusterrun.inventory.models import Inventory
 
 IP = Path(__file__).parent / "fixtures" / "real" / "ip"

@@ -28,10 +28,10 @@ from clusterrun.doctor.checks.net import (
 )
 from clusterrun.doctor.facts import MISSING, NodeFacts, Section
 from clusterrun.doctor.model import Evidence, Finding, Verdict
-from clusterrun.doctor.parsers import ping
 from clusterrun.doctor.probe import SECTIONS
 from clusterrun.doctor.recommend import choose_network, recommend
 from clusterrun.doctor.registry import Context
+from clusterrun.facts.parsers import ping
 from clusterrun.inventory.models import Inventory
 
 REAL = Path(__file__).parent / "fixtures" / "real"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from clusterrun.launch.frames import MAX_HEADER, Frame, FrameDecoder, frames
+from clusterrun.remote.protocol import MAX_HEADER, Frame, FrameDecoder, frames
 
 
 def _encode(event: dict, payload: bytes = b"") -> bytes:

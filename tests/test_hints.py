@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clusterrun.launch.hints import failure_hints
+from clusterrun.facts.hints import failure_hints
 
 
 def test_gloo_connection_refused() -> None:

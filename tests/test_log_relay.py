@@ -14,12 +14,13 @@ import os
 import re
 import signal
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import run_clusterrun, start_clusterrun, status, the_run, write_inventory
-from test_ssh_up import _agent_of, _wait_for_lines, assert_nothing_left
+from simjobs import run_clusterrun, status, the_run, write_inventory
+from test_ssh_up import _agent_of, _fault_mid_run, assert_nothing_left
 
 pytestmark = pytest.mark.cluster
 
@@ -129,20 +130,17 @@ sys.stdout.flush()
 """
 
 
+def _flood_with_fault(cluster: SimCluster, cwd: Path, fault: Callable[[Path], object]) -> tuple[Path, int, str]:
+    """A 2-node flood; once both ranks are ready, ``fault(run directory)``. Returns the run, exit code, stderr."""
+    write_inventory(cluster, cwd / "cluster.yaml", 2, nproc=1)
+    (cwd / "flood.py").write_text(KILLED_FLOOD)
+    return _fault_mid_run(cwd, "flood.py", "ready", fault)
+
+
 def test_killed_agent_mid_flood_the_record_says_what_was_fetched(sim_cluster: SimCluster, tmp_path: Path) -> None:
-    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
-    (tmp_path / "flood.py").write_text(KILLED_FLOOD)
-    proc = start_clusterrun("up", str(inv), "flood.py", cwd=tmp_path)
-    try:
-        _wait_for_lines(proc, 2, "ready")
-        run = the_run(tmp_path)
-        os.kill(_agent_of(run.name, "node1"), signal.SIGKILL)
-        _out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode not in (0, None), err
+    run, rc, err = _flood_with_fault(sim_cluster, tmp_path,
+                                     lambda run: os.kill(_agent_of(run.name, "node1"), signal.SIGKILL))
+    assert rc not in (0, None), err
     st = status(run)
     fetched = [n for n in st["notes"] if n.startswith("node1: its stream broke; fetched")]
     assert len(fetched) == 1, st["notes"]
@@ -164,18 +162,7 @@ def test_killed_agent_mid_flood_the_record_says_what_was_fetched(sim_cluster: Si
 def test_unreachable_node_the_record_says_what_is_missing(sim_cluster: SimCluster, tmp_path: Path) -> None:
     """node1 is partitioned mid-flood and never answers again: status.json and the summary say its logs are
     incomplete and where they stay."""
-    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
-    (tmp_path / "flood.py").write_text(KILLED_FLOOD)
-    proc = start_clusterrun("up", str(inv), "flood.py", cwd=tmp_path)
-    try:
-        _wait_for_lines(proc, 2, "ready")
-        run = the_run(tmp_path)
-        sim_cluster.partition("node1")
-        _out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    run, _rc, err = _flood_with_fault(sim_cluster, tmp_path, lambda _run: sim_cluster.partition("node1"))
     st = status(run)
     assert st["logs"]["complete"] is False and st["logs"]["unverified"] == ["node1"], st["logs"]
     summary = " ".join(err.split())  # the summary is wrapped to the terminal's width

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from clusterrun.facts.nics import NetFacts, parse_net_facts, probed_nics, reconcile
 from clusterrun.inventory.models import Inventory, NicKind
-from clusterrun.node_facts import NetFacts, parse_net_facts, probed_nics, reconcile
 from clusterrun.plan import JobSpec, build_plan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "ip"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.doctor.parsers import ib_write_bw
-from clusterrun.doctor.parsers.ib_write_bw import BwRow, BwUnit
 from clusterrun.errors import ParseError
+from clusterrun.facts.parsers import ib_write_bw
+from clusterrun.facts.parsers.ib_write_bw import BwRow, BwUnit
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "ib_write_bw"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.doctor.parsers import ibstat
-from clusterrun.doctor.parsers.ibstat import Gid, IbDevices, LinkLayer, PhysState, PortState
 from clusterrun.errors import ParseError
+from clusterrun.facts.parsers import ibstat
+from clusterrun.facts.parsers.ibstat import Gid, IbDevices, LinkLayer, PhysState, PortState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "ibstat"
 

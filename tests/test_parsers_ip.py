@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.doctor.parsers import ip
 from clusterrun.errors import ParseError
+from clusterrun.facts.parsers import ip
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "ip"
 

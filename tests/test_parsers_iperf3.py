@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.doctor.parsers import iperf3
 from clusterrun.errors import ParseError
+from clusterrun.facts.parsers import iperf3
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "iperf3"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.doctor.parsers import nccl_log
-from clusterrun.doctor.parsers.nccl_log import FailureKind, NetDevice
 from clusterrun.errors import ParseError
+from clusterrun.facts.parsers import nccl_log
+from clusterrun.facts.parsers.nccl_log import FailureKind, NetDevice
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "nccl_log"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.doctor.parsers import nvidia_smi
-from clusterrun.doctor.parsers.nvidia_smi import ComputeApps, GpuQuery
 from clusterrun.errors import ParseError
+from clusterrun.facts.parsers import nvidia_smi
+from clusterrun.facts.parsers.nvidia_smi import ComputeApps, GpuQuery
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "nvidia_smi"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.doctor.parsers import ping
 from clusterrun.errors import ParseError
+from clusterrun.facts.parsers import ping
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "ping"
 

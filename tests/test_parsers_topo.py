@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.doctor.parsers import topo
-from clusterrun.doctor.parsers.topo import Link, LinkKind
 from clusterrun.errors import ParseError
+from clusterrun.facts.parsers import topo
+from clusterrun.facts.parsers.topo import Link, LinkKind
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "topo"
 

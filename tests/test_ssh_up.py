@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import time
 from collections.abc import Callable
@@ -123,13 +124,23 @@ def test_failing_worker_stops_every_node(sim_cluster: SimCluster, tmp_path: Path
 
 
 def _wait_for_lines(proc, count: int, needle: str, timeout: float = 90.0) -> None:
-    seen = 0
+    """Read ``proc``'s stdout until ``count`` lines hold ``needle``; the deadline holds even when nothing comes.
+
+    Reads the pipe itself (not through the text wrapper, whose buffer select cannot see); what it read is
+    not seen by a later ``communicate()``.
+    """
+    seen, buf = 0, b""
+    fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout
     while seen < count and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
             break
-        seen += needle in line
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        *lines, buf = (buf + chunk).split(b"\n")
+        seen += sum(needle.encode() in line for line in lines)
     assert seen == count, f"saw {seen} of {count} '{needle}' lines"
 
 
@@ -225,7 +236,7 @@ def _agent_of(run_id: str, node: str) -> int:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         if f"CLUSTERRUN_NODE={node}".encode() in environ and "torch.distributed.run" in cmd:
             ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            assert "import base64,zlib" in Path(f"/proc/{ppid}/cmdline").read_bytes().decode(errors="replace")
+            assert "'agent.py','exec'" in Path(f"/proc/{ppid}/cmdline").read_bytes().decode(errors="replace")
             return ppid
     raise AssertionError(f"no torchrun of {node} in run {run_id}")
 

@@ -52,8 +52,8 @@ def exec_(targets: tuple[str, ...], fold: bool, timeout: float | None, **sources
         raise UsageError("missing COMMAND: clusterrun exec cluster.yaml -- hostname")
     command = targets[0] if len(targets) == 1 else shlex.join(targets)
     inv = load_nodes(inventory, **sources)
-    from clusterrun.launch.remote_exec import run_everywhere
-    from clusterrun.launch.transports import open_node_transports
+    from clusterrun.ops.execute import run_everywhere
+    from clusterrun.transport.factory import open_node_transports
 
     stop = threading.Event()
     width = max(len(n.name) for n in inv.nodes)

@@ -32,11 +32,11 @@ def init(output: Path | None, force: bool, **sources: Any) -> int:
     if output is not None and output.exists() and not force:
         raise UsageError(f"-o {output}: the file exists; nothing was written (add --force to replace it)")
     inv = load_nodes(None, **sources)
-    from clusterrun.inventory.init import complete, probe_gpus, render
     from clusterrun.inventory.yaml_source import parse_inventory_text
     from clusterrun.launch.replan import gather
-    from clusterrun.launch.transports import open_node_transports
+    from clusterrun.ops.init import complete, probe_gpus, render
     from clusterrun.plan import JobSpec, build_plan
+    from clusterrun.transport.factory import open_node_transports
 
     click.echo(f"clusterrun: probing {len(inv.nodes)} node(s)...", err=True)
     plan = build_plan(inv, JobSpec(script="-", run_id="init"))

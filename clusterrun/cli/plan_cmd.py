@@ -35,7 +35,7 @@ def plan(inv: Any, plan: Any, runs_dir: Any, as_json: bool, probe: bool) -> int:
 
     if probe and plan.nnodes > 1:  # one node's ranks talk over loopback: nothing to probe
         from clusterrun.launch.replan import gather, plan_with_facts
-        from clusterrun.launch.transports import open_transports
+        from clusterrun.transport.factory import open_transports
 
         transports = open_transports(inv, plan)
         try:

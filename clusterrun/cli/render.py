@@ -31,6 +31,10 @@ def print_plan(plan: LaunchPlan, file: TextIO | None = None) -> None:
         console.print(f"[yellow]warning:[/] {warning}")
     for line in plan.probed:
         console.print(f"[cyan]from the node:[/] {line}")
+    if plan.facts_pending:
+        console.print(f"[cyan]note:[/] the inventory gives no NICs for {', '.join(plan.facts_pending)}: `up` completes "
+                      "this plan with the NICs the nodes report (data NIC, master address, NCCL/Gloo interface); "
+                      "`clusterrun plan --probe` shows the completed plan")
     for node in plan.nodes:
         table = Table(title=f"{node.name} ({node.host}, {node.transport.value})", title_justify="left",
                       show_header=False, box=None, padding=(0, 1))
@@ -65,7 +69,7 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
     from rich.markup import escape
     from rich.table import Table
 
-    from clusterrun.launch.outcome import RunState
+    from clusterrun.runs import RunState
 
     console = Console(file=file, highlight=False, stderr=file is None)
     duration = (outcome.ended - outcome.started) if outcome.ended else None
@@ -98,7 +102,7 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
                     console.print("  " + escape(line), soft_wrap=True)
             else:
                 console.print(f"rank {failure.rank} wrote nothing ({log} is empty)")
-            from clusterrun.launch.hints import failure_hints
+            from clusterrun.facts.hints import failure_hints
 
             for hint in failure_hints(run_dir.tail(failure.node, failure.rank, 400)):
                 console.print(f"[bold yellow]hint:[/] {escape(hint)}")

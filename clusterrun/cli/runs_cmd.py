@@ -31,10 +31,10 @@ def runs(runs_dir: Path, as_json: bool) -> int:
 
     rows = []
     for run in list_runs(runs_dir):
-        plan = run.read_json("plan.json")
+        plan = run.read_plan()
         status = run_state(run)
-        rows.append({"run_id": run.run_id, "state": status.get("state"), "nodes": len(plan.get("nodes", [])),
-                     "world_size": plan.get("world_size"), "script": plan.get("script"),
+        rows.append({"run_id": run.run_id, "state": status.get("state"), "nodes": plan.nnodes,
+                     "world_size": plan.world_size, "script": plan.job.script,
                      "started": status.get("started"), "duration": status.get("duration"),
                      "exit_code": status.get("exit_code")})
     if as_json:
@@ -73,9 +73,9 @@ def status(run: str, runs_dir: Path, as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps(state, indent=2))
         return 0
-    plan = found.read_json("plan.json")
-    click.echo(f"run {found.run_id}: {state.get('state')}, {len(plan['nodes'])} node(s), {plan['world_size']} rank(s), "
-               f"script {plan['script']}, started {_when(state.get('started'))}"
+    plan = found.read_plan()
+    click.echo(f"run {found.run_id}: {state.get('state')}, {plan.nnodes} node(s), {plan.world_size} rank(s), "
+               f"script {plan.job.script}, started {_when(state.get('started'))}"
                + (f", exit code {state['exit_code']}" if state.get("exit_code") is not None else ""))
     for name, node in (state.get("nodes") or {}).items():
         ranks = ", ".join(f"{r}: {o['state']}" + (f" ({o.get('signal') or o['exit_code']})" if o.get("exit_code")
@@ -168,7 +168,7 @@ def down(run: str, runs_dir: Path, grace: float) -> int:
     Every process carrying the run's id is sent SIGTERM, then SIGKILL after the grace period, on
     all nodes at once; afterwards nothing of the run runs anywhere. Nodes that cannot be reached are named.
     """
-    from clusterrun.launch.sweep import sweep_run
+    from clusterrun.ops.down import record_stopped, sweep_run
     from clusterrun.runs import find_run
 
     found = find_run(runs_dir, run)
@@ -180,20 +180,14 @@ def down(run: str, runs_dir: Path, grace: float) -> int:
             click.echo(f"{name}: could not check: {problem}", err=True)
         else:
             click.echo(f"{name}: {'stopped ' + str(len(pids)) + ' process(es)' if pids else 'nothing left'}")
-    from clusterrun.runs import run_state
-
-    state = run_state(found)
-    if not failed and state.get("state") in ("starting", "running", "lost", "detached"):
-        # Its clusterrun is gone (or stops now too): record the end it could not write.
-        state.update(state="stopped", ended=time.time(), stopped_by="clusterrun down")
-        state.pop("pid", None)
-        found.write_json("status.json", state)
+    if not failed:
+        record_stopped(found)
     return 1 if failed else 0
 
 
 def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool) -> int:
     """A detached run's logs live on its nodes: read them there (every 2 s with -f, until nothing of it runs)."""
-    from clusterrun.launch.remote_logs import fetch
+    from clusterrun.ops.logs import fetch, record_detached_end
 
     received: dict[tuple[str, int, str], int] = {}
     unreachable_rounds = 0
@@ -210,7 +204,7 @@ def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool) -
         problems = any(r.problem for r in results.values())
         unreachable_rounds = unreachable_rounds + 1 if problems else 0
         if not problems and not any(r.alive for r in results.values()):
-            _record_detached_end(found, results)
+            record_detached_end(found, results)
             return 0
         if not follow:
             return 0
@@ -219,34 +213,3 @@ def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool) -
                        err=True)
             return 1
         time.sleep(2.0)
-
-
-def _record_detached_end(found: Any, results: dict[str, Any]) -> None:
-    """Once nothing of a detached run is left: copy its rank logs here and write its end from the nodes' records."""
-    from clusterrun.launch.remote_logs import fetch
-
-    state = found.read_json("status.json")
-    if state.get("state") != "detached":
-        return
-    # The whole logs, so that runs/<id>/ holds them like any run's.
-    for name, r in fetch(found, {}, partial=True).items():
-        for rk, data in r.by_rank().items():
-            found.node_dir(name)
-            found.rank_log(name, rk).write_bytes(data)
-    codes: dict[str, int | None] = {}
-    first_failure = None
-    for name, r in results.items():
-        record = r.record or {}
-        codes[name] = record.get("rc")
-        failed_ranks = sorted((int(k), v) for k, v in (record.get("ranks") or {}).items()
-                              if v.get("rc") not in (0, None))
-        if first_failure is None and (failed_ranks or record.get("rc") not in (0,)):
-            rank, info = failed_ranks[0] if failed_ranks else (None, {"rc": record.get("rc")})
-            first_failure = {"node": name, "rank": rank, "exit_code": info.get("rc") if info.get("rc") is not None
-                             else 1, "signal": info.get("signal"), "detail": record.get("reason") or "no record"}
-    ended = time.time()
-    state.update(state="failed" if first_failure else "succeeded", ended=ended, detached=True,
-                 exit_code=first_failure["exit_code"] if first_failure else 0, first_failure=first_failure,
-                 duration=ended - state["started"] if state.get("started") else None,
-                 nodes={n: {**state.get("nodes", {}).get(n, {}), "exit_code": c} for n, c in codes.items()})
-    found.write_json("status.json", state)

@@ -76,8 +76,11 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
         from clusterrun.errors import UsageError
 
         raise UsageError("--timeout needs clusterrun to stay with the job; it cannot be used with --detach")
+    full_check = None
+    if preflight_mode == "full":
+        from clusterrun.doctor.gate import full_check
     outcome, run_dir = execute(inv, plan, runs_dir, console, SupervisorSettings(grace=grace, timeout=time_limit),
-                               preflight_mode, detach=detach)
+                               preflight_mode, detach=detach, full_check=full_check)
     if outcome is None:
         click.echo(plan.run_id)
         click.echo(f"clusterrun: detached: run {plan.run_id} goes on without clusterrun; follow it with "

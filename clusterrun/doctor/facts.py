@@ -2,7 +2,7 @@
 
 Doctor gathers facts with one shell command per node (see :mod:`clusterrun.doctor.probe`);
 each tool's output lands in a :class:`Section`. Checks parse sections with the pure
-parsers of :mod:`clusterrun.doctor.parsers`, so every check can be tested on recorded
+parsers of :mod:`clusterrun.facts.parsers`, so every check can be tested on recorded
 real output by building :class:`NodeFacts` by hand.
 """
 

@@ -15,9 +15,10 @@ import shlex
 import time
 from collections.abc import Mapping
 
+from clusterrun import remote
 from clusterrun.doctor.facts import MISSING, NodeFacts, Section
-from clusterrun.doctor.parsers import nvidia_smi
 from clusterrun.errors import ClusterrunError
+from clusterrun.facts.parsers import nvidia_smi
 from clusterrun.transport.base import Transport
 
 #: Seconds each tool may take on the node.
@@ -27,26 +28,6 @@ PROBE_TIMEOUT = 90.0
 #: Extra nvidia-smi fields doctor asks for beyond the parser's defaults (ECC errors since boot).
 GPU_QUERY_FIELDS: tuple[str, ...] = (*nvidia_smi.GPU_FIELDS, "ecc.errors.uncorrected.volatile.total")
 
-PYTHON_REPORT = r"""
-import json, sys, platform
-out = {"python": platform.python_version(), "executable": sys.executable}
-try:
-    import torch
-    import torch.distributed as dist
-    out["torch"] = torch.__version__
-    out["cuda"] = torch.version.cuda
-    out["backends"] = [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
-                                       ("mpi", dist.is_mpi_available())) if ok]
-    try:
-        out["cuda_devices"] = torch.cuda.device_count()
-        if torch.cuda.is_available() and dist.is_nccl_available():
-            out["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
-    except Exception as exc:
-        out["cuda_error"] = "%s: %s" % (type(exc).__name__, exc)
-except Exception as exc:
-    out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
-print(json.dumps(out))
-"""
 
 #: Section name -> shell command. Order is the order of the report's evidence.
 SECTIONS: dict[str, str] = {
@@ -90,7 +71,7 @@ def probe_script(python: str, sections: Mapping[str, str] = SECTIONS, path: tupl
     lines = [path_prefix(path) + "export LC_ALL=C",
              f"if command -v timeout >/dev/null 2>&1; then T='timeout {TOOL_TIMEOUT}'; else T=''; fi",
              "echo \"@@clusterrun-probe-clock $(date +%s.%N)\""]
-    for name, command in {**sections, "python": f"{shlex.quote(python)} -c {shlex.quote(PYTHON_REPORT)}"}.items():
+    for name, command in {**sections, "python": shlex.join(remote.argv(python, "pyreport"))}.items():
         first = command.split()[0]
         # A missing tool reads as 127 whatever the shell says; builtins and loops run as they are.
         guard = (f"command -v {first} >/dev/null 2>&1 || [ -x {first} ] || {{ echo '{first}: not installed'; "
@@ -115,9 +96,7 @@ def probe_node(node: str, python: str, transport: Transport, timeout: float = PR
     """Probe one node. Never raises for node problems: they come back in ``NodeFacts.error``."""
     try:
         t0 = time.monotonic()
-        connect = getattr(transport, "connect", None)
-        if connect is not None:
-            connect()
+        transport.connect()
         t1 = time.monotonic()
         transport.run(["true"], timeout=timeout)
         t2 = time.monotonic()

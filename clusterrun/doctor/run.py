@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from clusterrun.doctor.facts import NodeFacts
@@ -15,22 +14,22 @@ from clusterrun.doctor.recommend import recommend
 from clusterrun.doctor.registry import Check, Context, Options
 from clusterrun.doctor.report import Report
 from clusterrun.inventory.models import Inventory
-from clusterrun.launch.transports import open_node_transports
 from clusterrun.transport.base import Transport
+from clusterrun.transport.factory import open_node_transports
+from clusterrun.transport.fanout import fan_out
 
 
 def probe_all(inv: Inventory, transports: dict[str, Transport], path: tuple[str, ...] = ()) -> dict[str, NodeFacts]:
-    with ThreadPoolExecutor(max_workers=min(64, len(inv.nodes)), thread_name_prefix="probe") as pool:
-        futures = {n.name: pool.submit(probe_node, n.name, inv.python_of(n), transports[n.name], path=path)
-                   for n in inv.nodes}
-        return {name: f.result() for name, f in futures.items()}
+    got = fan_out(inv.nodes, lambda n: n.name, lambda n: probe_node(n.name, inv.python_of(n), transports[n.name],
+                                                                     path=path), label="probe")
+    return got.results  # probe_node turns a node's failure into its facts; nothing lands in got.errors
 
 
 def with_probed_nics(inv: Inventory, facts: dict[str, NodeFacts]) -> Inventory:
     """Nodes that list no NICs (one-liners) get the ones their probe saw, so the network checks have networks."""
-    from clusterrun.doctor.parsers import ip
     from clusterrun.errors import ParseError
-    from clusterrun.node_facts import NetFacts, RdmaPort, reconcile
+    from clusterrun.facts.nics import NetFacts, RdmaPort, reconcile
+    from clusterrun.facts.parsers import ip
 
     found: dict[str, NetFacts] = {}
     for node in inv.nodes:

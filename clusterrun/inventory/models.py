@@ -234,6 +234,13 @@ class Inventory(_Model):
             )
         return self
 
+    def node(self, name: str) -> Node:
+        """The node called ``name``. Raises KeyError for a name the inventory does not have."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
     def transport_of(self, node: Node) -> Transport:
         return node.transport or self.defaults.transport
 

@@ -2,23 +2,22 @@
 
 Used at the end of a run to complete ``runs/`` (:mod:`clusterrun.launch.recover`, which also sweeps what is
 left of the run when the node's stream broke) and to read a detached run's logs
-(:mod:`clusterrun.launch.remote_logs`, which stops nothing). What was already received is given as byte
+(:mod:`clusterrun.ops.logs`, which stops nothing). What was already received is given as byte
 offsets per rank file, so nothing arrives twice; the node answers with each file's size and line count and
 then the bytes past the offset, as the same ``out`` frames a running agent sends.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterrun import remote
 from clusterrun.errors import CommandTimeout
-from clusterrun.launch.agent_cmd import agent_argv
-from clusterrun.launch.frames import frames
+from clusterrun.launch.agent_cmd import encode_spec
+from clusterrun.remote.protocol import frames
 from clusterrun.transport.base import Transport
 
 #: Receives fetched output: (global rank, "stdout" | "stderr", bytes, more of this record follows).
@@ -50,7 +49,7 @@ class Collected:
         return {f"{f['rank']}/{f['stream']}": {"bytes": f.get("bytes"), "lines": f.get("lines")} for f in self.files}
 
 
-def collect(transport: Transport, *, node: str, python: str, inline: bool, run_id: str, run_dir: str,
+def collect(transport: Transport, *, node: str, python: str, run_id: str, run_dir: str,
             rank_offset: int, offsets: Mapping[str, int], sweep: bool, grace: float, max_bytes: int,
             timeout: float, sink: OutSink, partial: bool = True) -> Collected:
     """Run ``collect`` on ``node``; every fetched byte goes to ``sink`` as it arrives.
@@ -61,7 +60,7 @@ def collect(transport: Transport, *, node: str, python: str, inline: bool, run_i
     """
     spec = {"run_id": run_id, "node": node, "grace": grace, "run_dir": run_dir, "sweep": sweep,
             "rank_offset": rank_offset, "max_bytes": max_bytes, "skip": dict(offsets), "partial": partial}
-    argv = agent_argv(python, "collect", [base64.b64encode(json.dumps(spec).encode()).decode()], inline=inline)
+    argv = remote.argv(python, "agent", "collect", encode_spec(spec), inline=not transport.is_local)
     stream = transport.start(argv)
     timed_out = threading.Event()
 

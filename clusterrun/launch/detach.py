@@ -8,15 +8,17 @@ reads the logs from the nodes, ``clusterrun down RUN`` stops the run on every no
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 
-from clusterrun.errors import ClusterrunError, StartError
+from clusterrun.errors import NodeNotReady, StartError
 from clusterrun.launch.agent_cmd import agent_spec, run_argv
-from clusterrun.launch.fanout import on_every_node
-from clusterrun.launch.frames import frames
 from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.remote import protocol
+from clusterrun.remote.protocol import frames
 from clusterrun.transport.base import Transport
+from clusterrun.transport.fanout import on_every_node
 
 START_TIMEOUT = 60.0
 
@@ -28,20 +30,23 @@ def start_detached(plan: LaunchPlan, transports: Mapping[str, Transport],
     def one(node: NodePlan) -> float:
         spec = agent_spec(node, plan.run_id, grace=grace, heartbeat_timeout=0, stage=stage.get(node.name),
                           detached=True)
-        stream = transports[node.name].start(run_argv(node, spec, inline=node.transport.value == "ssh"))
-        deadline = time.monotonic() + START_TIMEOUT
+        transport = transports[node.name]
+        stream = transport.start(run_argv(node, spec, inline=not transport.is_local))
+        # The stream is dropped at the deadline whether or not anything arrives: the read below ends then.
+        timer = threading.Timer(START_TIMEOUT, stream.abort)
+        timer.daemon = True
+        timer.start()
         try:
             for frame in frames(stream.chunks()):
                 event = frame.event
-                if event.get("ev") == "started":
+                if event.get("ev") == protocol.STARTED:
                     return float(event.get("time") or time.time())
-                if event.get("ev") in ("error", "exit"):
-                    raise ClusterrunError(event.get("text") or event.get("reason") or "torchrun did not start")
-                if time.monotonic() > deadline:
-                    break
-            raise ClusterrunError(f"the node agent did not start torchrun within {START_TIMEOUT:g}s: "
-                                  f"{stream.stderr_text().strip()[-200:] or 'no output'}")
+                if event.get("ev") in (protocol.ERROR, protocol.EXIT):
+                    raise NodeNotReady(node.name, event.get("text") or event.get("reason") or "torchrun did not start")
+            raise NodeNotReady(node.name, f"the node agent did not start torchrun within {START_TIMEOUT:g}s: "
+                                          f"{stream.stderr_text().strip()[-200:] or 'no output'}")
         finally:
+            timer.cancel()
             stream.abort()  # a detached agent carries on without this connection
 
     launched, problems = on_every_node(plan.nodes, lambda n: n.name, one, "detach")

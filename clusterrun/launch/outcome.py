@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.errors import EXIT_INTERRUPTED
+from clusterrun.runs import RunState
 
 
 class RankState(str, enum.Enum):
@@ -16,13 +17,6 @@ class RankState(str, enum.Enum):
     failed = "failed"
     stopped = "stopped"  # ended because clusterrun or torchrun stopped it after another failure
     unknown = "unknown"  # the node's stream broke before it reported
-
-
-class RunState(str, enum.Enum):
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    interrupted = "interrupted"
 
 
 def signal_name(signum: int | None) -> str | None:

@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from clusterrun.doctor import netprobe
+from clusterrun import remote
 from clusterrun.errors import ClusterrunError
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.transport.base import Transport
+from clusterrun.transport.reader import LineReader
 
 CONNECT_TIMEOUT = 3.0
 
@@ -49,7 +50,7 @@ def _where(node: NodePlan) -> str:
 def _reach(node: NodePlan, master: NodePlan, port: int, transport: Transport) -> str | None:
     """None when ``node`` reaches the master port from its data address, else why not."""
     src = node.data_address if _is_ip(node.data_address) else "-"
-    argv = netprobe.argv(node.python, "reach", master.data_address, port, src, CONNECT_TIMEOUT)
+    argv = remote.argv(node.python, "netprobe", "reach", master.data_address, port, src, CONNECT_TIMEOUT)
     try:
         res = transport.run(argv, timeout=CONNECT_TIMEOUT + 20)
     except ClusterrunError as exc:
@@ -79,9 +80,9 @@ def quick_check(plan: LaunchPlan, transports: Mapping[str, Transport]) -> PathRe
     started = time.monotonic()
     master = plan.master
     port = plan.master_port
-    listener = transports[master.name].start(netprobe.argv(master.python, "listen", "0.0.0.0", port, 60))
+    listener = transports[master.name].start(remote.argv(master.python, "netprobe", "listen", "0.0.0.0", port, 60))
     try:
-        line = netprobe.LineReader(listener).wait_for("LISTENING", 20)
+        line = LineReader(listener).wait_for("LISTENING", 20)
         if line is None or not line.startswith("LISTENING"):
             report.problems[master.name] = (f"cannot hold master port {port} for the check: "
                                             f"{(line or listener.stderr_text()[-200:]).removeprefix('FAILED ')}")
@@ -91,7 +92,7 @@ def quick_check(plan: LaunchPlan, transports: Mapping[str, Transport]) -> PathRe
             reached = {n.name: pool.submit(_reach, n, master, port, transports[n.name]) for n in others}
             targets = [n.data_address for n in others]
             pinged = pool.submit(transports[master.name].run,
-                                 netprobe.argv(master.python, "ping", "-", CONNECT_TIMEOUT, *targets),
+                                 remote.argv(master.python, "netprobe", "ping", "-", CONNECT_TIMEOUT, *targets),
                                  timeout=CONNECT_TIMEOUT + 20)
             for name, future in reached.items():
                 problem = future.result()

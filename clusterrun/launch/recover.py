@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 from clusterrun.errors import ClusterrunError
-from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.collect import collect
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
@@ -24,6 +22,7 @@ from clusterrun.launch.relay import LogRelay
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.runs import RunDir
 from clusterrun.transport.base import Transport
+from clusterrun.transport.fanout import fan_out
 
 COLLECT_TIMEOUT = 120.0
 MAX_BYTES = 64 << 20  # per rank file: past this, the end of a huge log is what explains a failure
@@ -44,8 +43,7 @@ def _collect(plan: LaunchPlan, node: NodePlan, transport: Transport, relay: LogR
     with lock:
         offsets = relay.offsets(node.name)
     try:
-        got = collect(transport, node=node.name, python=node.python, inline=node.transport is TransportKind.ssh,
-                      run_id=plan.run_id, run_dir=node.run_dir, rank_offset=node.rank_offset, offsets=offsets,
+        got = collect(transport, node=node.name, python=node.python, run_id=plan.run_id, run_dir=node.run_dir, rank_offset=node.rank_offset, offsets=offsets,
                       sweep=lost, grace=grace, max_bytes=MAX_BYTES, timeout=COLLECT_TIMEOUT + grace, sink=sink)
     except ClusterrunError as exc:
         why = getattr(exc, "reason", None) or str(exc)
@@ -81,11 +79,13 @@ def complete_logs(plan: LaunchPlan, transports: Mapping[str, Transport], run_dir
                      + (f" and checking for leftovers on {', '.join(lost)}" if lost else ""))
         nodes = {n.name: n for n in plan.nodes}
         lock = threading.Lock()
-        with ThreadPoolExecutor(max_workers=min(32, len(names)), thread_name_prefix="collect") as pool:
-            notes = list(pool.map(lambda name: _collect(plan, nodes[name], transports[name], relay, lock,
-                                                        name in lost, grace, heartbeat_timeout), names))
+        got = fan_out(names, str, lambda name: _collect(plan, nodes[name], transports[name], relay, lock,
+                                                         name in lost, grace, heartbeat_timeout),
+                      label="collect", deadline=COLLECT_TIMEOUT + grace + 10)
         relay.close()
-        for name, note in zip(names, notes, strict=True):
+        notes = {**got.results, **{name: f"{name}: fetching its logs did not finish: {why}"
+                                   for name, why in got.problems.items()}}
+        for name, note in notes.items():
             if note:
                 outcome.notes.append(note)
                 with open(run_dir.launcher_log(name), "a", encoding="utf-8") as fh:

@@ -6,19 +6,19 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
+from clusterrun import remote
 from clusterrun.errors import ClusterrunError, ParseError, PlanError, StartError
+from clusterrun.facts.nics import NetFacts, parse_net_facts, reconcile
 from clusterrun.inventory.models import Inventory
-from clusterrun.launch.fanout import on_every_node
-from clusterrun.launch.preflight import NodeReady
-from clusterrun.node_facts import GATHER, NetFacts, parse_net_facts, reconcile
+from clusterrun.launch.ready import NodeReady
 from clusterrun.plan import LaunchPlan, NodePlan, build_plan
 from clusterrun.transport.base import Transport
+from clusterrun.transport.fanout import on_every_node
 
 MISMATCH_HINT = ("the inventory and the nodes disagree: fix the inventory (or the node); `clusterrun doctor "
                  "<inventory> --checks nic` shows every NIC; no node was started")
 
 
-_GATHER_ONLY = "import json, os\nout = {}\n" + GATHER + 'print("CLUSTERRUN-FACTS " + json.dumps(out))\n'
 
 
 def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
@@ -27,13 +27,12 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, N
     Raises :class:`StartError` naming every node that could not be probed.
     """
     def one(node: NodePlan) -> NodeReady:
-        res = transports[node.name].run([node.python, "-c", _GATHER_ONLY], timeout=60)
+        res = transports[node.name].run(remote.argv(node.python, "ready", "facts"), timeout=60)
         line = next((x for x in res.stdout.splitlines() if x.startswith("CLUSTERRUN-FACTS ")), None)
         if line is None:
             raise ClusterrunError(f"probing with {node.python} failed (exit {res.exit_code}): {res.tail(2) or 'no output'}")
-        peer = getattr(transports[node.name], "peer_address", None)
         return NodeReady(node.name, net=json.loads(line.split(" ", 1)[1]).get("net"),
-                         ssh_address=peer() if peer else None)
+                         ssh_address=transports[node.name].peer_address())
 
     out, problems = on_every_node(plan.nodes, lambda n: n.name, one, "facts")
     if problems:

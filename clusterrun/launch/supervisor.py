@@ -1,6 +1,6 @@
 """Run a launch plan on its nodes and supervise it to the end.
 
-One node agent per node (see :mod:`clusterrun.launch.node_agent`) is started in
+One node agent per node (see :mod:`clusterrun.remote.agent`) is started in
 parallel; a reader thread per node turns the agent's output into frames (events,
 rank output as raw payloads) on a bounded queue; the calling thread alone writes
 logs and the terminal (:class:`~clusterrun.launch.relay.LogRelay`), so lines are
@@ -20,20 +20,20 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clusterrun.errors import EXIT_TIMEOUT, ClusterrunError, StartError
+from clusterrun.errors import EXIT_TIMEOUT, StartError
 from clusterrun.launch.agent_cmd import agent_spec, run_argv
 from clusterrun.launch.console import Console
-from clusterrun.launch.frames import Frame, FrameDecoder
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
 from clusterrun.launch.relay import LogRelay
 from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.remote.protocol import Frame, FrameDecoder
 from clusterrun.runs import RunDir
 from clusterrun.transport.base import Stream, Transport
+from clusterrun.transport.fanout import fan_out
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +55,12 @@ class SupervisorSettings:
 class Supervisor:
     def __init__(self, plan: LaunchPlan, transports: Mapping[str, Transport], run_dir: RunDir,
                  console: Console, settings: SupervisorSettings | None = None,
-                 inline_agent: Callable[[NodePlan], bool] | None = None,
                  stage: Mapping[str, list[tuple[str, str]]] | None = None) -> None:
         self.plan = plan
         self.transports = transports
         self.run_dir = run_dir
         self.console = console
         self.settings = settings or SupervisorSettings()
-        self._inline = inline_agent or (lambda node: node.transport.value == "ssh")
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.settings.queue_size)
         self._streams: dict[str, Stream] = {}
         self._ended: set[str] = set()
@@ -84,23 +82,17 @@ class Supervisor:
     def _start_one(self, node: NodePlan) -> Stream:
         spec = agent_spec(node, self.plan.run_id, grace=self.settings.grace,
                           heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name))
-        return self.transports[node.name].start(run_argv(node, spec, inline=self._inline(node)))
+        transport = self.transports[node.name]
+        return transport.start(run_argv(node, spec, inline=not transport.is_local))
 
     def _start_all(self) -> None:
-        problems: dict[str, str] = {}
-        with ThreadPoolExecutor(max_workers=min(64, len(self.plan.nodes)), thread_name_prefix="start") as pool:
-            futures = {node.name: pool.submit(self._start_one, node) for node in self.plan.nodes}
-            for name, future in futures.items():
-                try:
-                    self._streams[name] = future.result(timeout=self.settings.start_timeout)
-                except ClusterrunError as exc:
-                    problems[name] = getattr(exc, "reason", str(exc))
-                except TimeoutError:
-                    problems[name] = f"the node agent did not start within {self.settings.start_timeout:g}s"
-        if problems:
+        got = fan_out(self.plan.nodes, lambda n: n.name, self._start_one, label="start",
+                      deadline=self.settings.start_timeout)
+        self._streams.update(got.results)
+        if not got.ok:
             for stream in self._streams.values():
                 stream.abort()
-            raise StartError(problems)
+            raise StartError(got.problems)
         now = time.time()
         for node in self.outcome.nodes.values():
             node.started = now
@@ -167,6 +159,7 @@ class Supervisor:
         node.reason = node.reason or event.get("reason")
         stopping = self._stop_sent_at is not None
         reported = {int(k): v for k, v in (event.get("ranks") or {}).items()}
+        root_failed = any(v.get("root_cause") for v in reported.values())
         for rank in node.ranks.values():
             info = reported.get(rank.rank, {})
             rank.started = info.get("started") or rank.started
@@ -174,9 +167,11 @@ class Supervisor:
             if rank.state is RankState.failed:
                 continue
             code = info.get("rc")
-            if code == 0 or (code is None and node.exit_code == 0):
+            # Killed by a signal while another rank of the node was the root cause: torchrun stopped it.
+            stopped_by_torchrun = root_failed and info.get("signal") and not info.get("root_cause")
+            if code == 0 or (code is None and node.exit_code == 0 and not stopping):
                 rank.state, rank.exit_code = RankState.succeeded, 0
-            elif code is not None and not stopping:
+            elif code is not None and not stopping and not stopped_by_torchrun:
                 rank.state, rank.exit_code, rank.signal = RankState.failed, code, info.get("signal")
             else:
                 rank.state, rank.exit_code, rank.signal = RankState.stopped, code, info.get("signal")
@@ -317,8 +312,11 @@ class Supervisor:
             stream.abort()
             self._ended.add(name)
             node = self.outcome.nodes[name]
-            node.state = RankState.unknown
+            node.ended, node.state = time.time(), RankState.unknown
             node.reason = f"did not confirm it stopped within {self.settings.stop_timeout:g}s"
+            for rank in node.ranks.values():
+                if rank.state is RankState.running:
+                    rank.state = RankState.unknown
             self.outcome.notes.append(
                 f"{name}: {node.reason}; its agent stops the job there when it stops hearing clusterrun; to look "
                 f"yourself: processes with CLUSTERRUN_RUN_ID={self.plan.run_id} in their environment")

@@ -4,31 +4,37 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from clusterrun.errors import StartError
+from clusterrun.errors import StartError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
 from clusterrun.launch.detach import start_detached
 from clusterrun.launch.outcome import RunOutcome
 from clusterrun.launch.pathcheck import quick_check
-from clusterrun.launch.preflight import preflight, remove_archives
+from clusterrun.launch.ready import check_ready, remove_archives
 from clusterrun.launch.recover import complete_logs
 from clusterrun.launch.replan import plan_with_facts
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
-from clusterrun.launch.transports import open_transports
 from clusterrun.plan import LaunchPlan
-from clusterrun.runs import RunDir
+from clusterrun.runs import RunDir, RunState
 from clusterrun.transport.base import Transport
+from clusterrun.transport.factory import open_transports
 
 PREFLIGHT_MODES = ("quick", "full", "off")
 PATH_HINT = ("no node was started; `clusterrun doctor <inventory> --checks net` shows more; `--preflight off` skips "
              "this check (if ICMP is blocked on purpose, for example)")
 
 
+#: ``--preflight full``: the network checks of ``clusterrun doctor`` (:func:`clusterrun.doctor.gate.full_check`),
+#: given by the caller: (inventory, transports, report directory) -> (failures, report directory).
+FullCheck = Callable[[Inventory, Mapping[str, Transport], Path], tuple[list[str], Path]]
+
+
 def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transport], run_dir: RunDir,
-                console: Console, mode: str) -> None:
+                console: Console, mode: str, full_check: FullCheck | None = None) -> None:
     """The connectivity check before the start (``--preflight``); its result goes to preflight.json."""
     record: dict[str, object] = {"mode": mode}
     try:
@@ -36,8 +42,8 @@ def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transpor
             record["skipped"] = "--preflight off" if mode == "off" else "single node"
             return
         if mode == "full":
-            from clusterrun.doctor.preflight import full_check
-
+            if full_check is None:
+                raise UsageError("--preflight full needs doctor's network checks, which this caller did not give")
             console.info("running doctor's network checks (--preflight full)...")
             failures, where = full_check(inv, transports, run_dir.path / "doctor")
             record["doctor"] = {"report": str(where), "failures": failures}
@@ -57,7 +63,7 @@ def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transpor
 
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             settings: SupervisorSettings | None = None, preflight_mode: str = "quick",
-            detach: bool = False) -> tuple[RunOutcome | None, RunDir]:
+            detach: bool = False, full_check: FullCheck | None = None) -> tuple[RunOutcome | None, RunDir]:
     """Run ``plan`` to its end. Returns the outcome and the run directory.
 
     Before the start: preflight (every node ready), the plan completed from the nodes' facts, and the
@@ -71,44 +77,41 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     run_dir.write_json("plan.json", plan.to_dict())
     # How to reach the nodes again later (`clusterrun down`, `logs -f`), whatever the source of the nodes was.
     run_dir.write_json("inventory.json", inv.model_dump(mode="json", exclude_defaults=True))
-    run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "starting", "started": time.time(),
-                                       "pid": os.getpid()})
+    run_dir.write_status(RunState.starting, {"started": time.time(), "pid": os.getpid()})
     transports = open_transports(inv, plan)
     try:
         try:
             if any(n.transport is TransportKind.ssh for n in plan.nodes):
                 console.info(f"checking {plan.nnodes} node(s)...")
-            ready = preflight(plan, transports)
+            ready = check_ready(plan, transports)
             inv, plan = plan_with_facts(inv, plan, ready)
             run_dir.write_json("plan.json", plan.to_dict())
             for line in plan.probed:
                 console.info(f"from the node: {line}")
             for warning in plan.warnings:
                 console.info(f"warning: {warning}")
-            check_paths(inv, plan, transports, run_dir, console, preflight_mode)
+            check_paths(inv, plan, transports, run_dir, console, preflight_mode, full_check)
             copied = sum(len(r.copied) for r in ready.values())
             if copied:
                 console.info(f"copied {copied} file(s) to the nodes")
             if detach:
                 launched = start_detached(plan, transports, {name: r.stage for name, r in ready.items()},
                                           (settings or SupervisorSettings()).grace)
-                run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "detached", "started": time.time(),
-                                                   "nodes": {n: {"launched": t} for n, t in launched.items()}})
+                run_dir.write_status(RunState.detached, {"started": time.time(),
+                                                         "nodes": {n: {"launched": t} for n, t in launched.items()}})
                 return None, run_dir
             supervisor = Supervisor(plan, transports, run_dir, console, settings,
                                     stage={name: r.stage for name, r in ready.items()})
-            run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "running", "started": time.time(),
-                                               "pid": os.getpid()})
+            run_dir.write_status(RunState.running, {"started": time.time(), "pid": os.getpid()})
             console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
                          f"logs in {run_dir.path}/")
             outcome = supervisor.run()
             complete_logs(plan, transports, run_dir, outcome, supervisor.relay, console,
                           grace=supervisor.settings.grace, heartbeat_timeout=supervisor.settings.heartbeat_timeout)
         except StartError as exc:
-            run_dir.write_json("status.json", {"run_id": plan.run_id, "state": "not-started",
-                                               "problems": exc.problems, "ended": time.time()})
+            run_dir.write_status(RunState.not_started, {"problems": exc.problems, "ended": time.time()})
             raise
-        run_dir.write_json("status.json", outcome.to_dict())
+        run_dir.write_status(outcome.state, outcome.to_dict())
         return outcome, run_dir
     finally:
         remove_archives()

@@ -74,9 +74,20 @@ class Stream(abc.ABC):
 
 
 class Transport(abc.ABC):
-    """One node's way in. ``node`` is the inventory name, used in every error."""
+    """One node's way in. ``node`` is the inventory name, used in every error.
+
+    ``is_local``: the node is this machine (commands are subprocesses; files are shared).
+    """
 
     node: str
+    is_local: bool = False
+
+    def connect(self) -> None:  # noqa: B027 - optional hook
+        """Open the connection now (otherwise the first command opens it). Raises TransportError."""
+
+    def peer_address(self) -> str | None:
+        """The address the connection reached, when known (None before connecting, through a jump, or local)."""
+        return None
 
     @abc.abstractmethod
     def run(self, argv: Sequence[str], *, timeout: float = DEFAULT_COMMAND_TIMEOUT,

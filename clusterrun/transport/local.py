@@ -67,6 +67,8 @@ class LocalStream(Stream):
 
 
 class LocalTransport(Transport):
+    is_local = True
+
     def __init__(self, node: str = "localhost") -> None:
         self.node = node
 

@@ -8,19 +8,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from clusterrun import remote
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ClusterrunError, StartError
 
-SMOKE = Path(__file__).resolve().parent.parent / "allreduce_smoke.py"
+SMOKE = remote.path("allreduce_smoke")
 MARK = "CLUSTERRUN-ALLREDUCE "
 
 
 @check("cluster.allreduce", "all-reduce across all nodes through the launch path of `up`", Scope.cluster,
        active=True, needs="every node reachable")
 def allreduce(ctx: Context) -> Iterator[Finding]:
+    from clusterrun.facts.hints import failure_hints
     from clusterrun.launch.console import Console
-    from clusterrun.launch.hints import failure_hints
     from clusterrun.launch.supervisor import SupervisorSettings
     from clusterrun.launch.up import execute
     from clusterrun.plan import JobSpec, build_plan

@@ -11,12 +11,12 @@ from itertools import combinations
 
 from clusterrun.doctor.facts import NodeFacts, Section
 from clusterrun.doctor.model import Finding, Scope, Verdict
-from clusterrun.doctor.parsers import nvidia_smi, topo
-from clusterrun.doctor.parsers.nvidia_smi import Gpu, GpuProcess
-from clusterrun.doctor.parsers.topo import LinkKind
 from clusterrun.doctor.probe import GPU_QUERY_FIELDS
 from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ParseError, PlanError
+from clusterrun.facts.parsers import nvidia_smi, topo
+from clusterrun.facts.parsers.nvidia_smi import Gpu, GpuProcess
+from clusterrun.facts.parsers.topo import LinkKind
 from clusterrun.inventory.models import Node
 from clusterrun.network import resolve_data_network
 

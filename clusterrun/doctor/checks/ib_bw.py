@@ -14,16 +14,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from clusterrun.doctor import netprobe
+from clusterrun import remote
 from clusterrun.doctor.checks.net import has_tool, parallel
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
-from clusterrun.doctor.parsers import ib_write_bw
 from clusterrun.doctor.probe import path_prefix
 from clusterrun.doctor.registry import Context, check
 from clusterrun.doctor.schedule import round_robin
 from clusterrun.errors import ClusterrunError, ParseError, PlanError
+from clusterrun.facts.parsers import ib_write_bw
 from clusterrun.inventory.models import Nic, Node
 from clusterrun.network import resolve_data_network
+from clusterrun.transport.reader import LineReader
 
 PASS_RATIO = 0.8
 _GBIT = {ib_write_bw.BwUnit.GBIT: 1.0, ib_write_bw.BwUnit.MBYTE: 8e-3}
@@ -69,8 +70,8 @@ def _measure(ctx: Context, client: Node, server: Node, nics: tuple[Nic, Nic]) ->
     address = _server_address(ctx, server, nics[1])
     # A free TCP port on the server node for perftest's handshake: the probe's listener picks one and lets it go.
     reader_stream = ctx.transports[server.name].start(
-        netprobe.argv(ctx.inventory.python_of(server), "listen", "0.0.0.0", 0, 1))
-    line = netprobe.LineReader(reader_stream).wait_for("LISTENING", 20)
+        remote.argv(ctx.inventory.python_of(server), "netprobe", "listen", "0.0.0.0", 0, 1))
+    line = LineReader(reader_stream).wait_for("LISTENING", 20)
     reader_stream.abort()
     if line is None or not line.startswith("LISTENING"):
         return Measure(client.name, server.name, nics, None, f"no free TCP port on {server.name}: {line}", ())

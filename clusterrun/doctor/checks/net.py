@@ -15,15 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from clusterrun.doctor import netprobe
+from clusterrun import remote
 from clusterrun.doctor.checks.nics import interfaces
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
-from clusterrun.doctor.parsers import iperf3, ping
 from clusterrun.doctor.probe import path_prefix
 from clusterrun.doctor.registry import Context, check
 from clusterrun.doctor.schedule import round_robin
 from clusterrun.errors import ClusterrunError, ParseError, PlanError
+from clusterrun.facts.parsers import iperf3, ping
 from clusterrun.network import resolve_data_network
+from clusterrun.transport.reader import LineReader
 
 T = TypeVar("T")
 
@@ -217,10 +218,10 @@ class Transfer:
     evidence: tuple[Evidence, ...]
 
 
-def _serve(ctx: Context, dst: Endpoint, seconds: float) -> tuple[netprobe.LineReader, object, int | None, str | None]:
+def _serve(ctx: Context, dst: Endpoint, seconds: float) -> tuple[LineReader, object, int | None, str | None]:
     python = ctx.inventory.python_of(next(n for n in ctx.inventory.nodes if n.name == dst.node))
-    stream = ctx.transports[dst.node].start(netprobe.argv(python, "listen", dst.address, 0, seconds + 30))
-    reader = netprobe.LineReader(stream)
+    stream = ctx.transports[dst.node].start(remote.argv(python, "netprobe", "listen", dst.address, 0, seconds + 30))
+    reader = LineReader(stream)
     line = reader.wait_for("LISTENING", 20)
     if line is None or not line.startswith("LISTENING"):
         stream.abort()
@@ -234,7 +235,7 @@ def _builtin(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float) -> Tran
         return Transfer(src.node, dst.node, None, "builtin", err, ())
     try:
         python = ctx.inventory.python_of(next(n for n in ctx.inventory.nodes if n.name == src.node))
-        argv = netprobe.argv(python, "send", dst.address, port, seconds)
+        argv = remote.argv(python, "netprobe", "send", dst.address, port, seconds)
         res = ctx.transports[src.node].run(argv, timeout=seconds + 30)
         got = reader.wait_for("RECEIVED", 15)
     except ClusterrunError as exc:
@@ -259,7 +260,7 @@ def _iperf(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float) -> Transf
     # --forceflush: without a terminal iperf3 holds "Server listening" back until it exits.
     server = ctx.transports[dst.node].start(tool_argv(ctx, ["timeout", str(int(seconds + 30)), "iperf3", "-s", "-1",
                                                          "--forceflush", "-p", str(port), "-B", dst.address]))
-    sreader = netprobe.LineReader(server)
+    sreader = LineReader(server)
     try:
         if sreader.wait_for("Server listening", 15) is None:
             return Transfer(src.node, dst.node, None, "iperf3", f"iperf3 server did not start on {dst.node}: "
@@ -370,8 +371,8 @@ def master_port(ctx: Context) -> Iterator[Finding]:
         return
     master = data.path_of(reachable[0].name)
     python = ctx.inventory.python_of(reachable[0])
-    stream = ctx.transports[master.node].start(netprobe.argv(python, "listen", "0.0.0.0", port, 60))
-    reader = netprobe.LineReader(stream)
+    stream = ctx.transports[master.node].start(remote.argv(python, "netprobe", "listen", "0.0.0.0", port, 60))
+    reader = LineReader(stream)
     try:
         line = reader.wait_for("LISTENING", 20)
         if line is None or not line.startswith("LISTENING"):
@@ -385,7 +386,7 @@ def master_port(ctx: Context) -> Iterator[Finding]:
         def connect(node: str) -> tuple[str, str]:
             py = ctx.inventory.python_of(next(n for n in ctx.inventory.nodes if n.name == node))
             try:
-                res = ctx.transports[node].run(netprobe.argv(py, "connect", master.address, port, 3), timeout=20)
+                res = ctx.transports[node].run(remote.argv(py, "netprobe", "connect", master.address, port, 3), timeout=20)
                 return node, (res.stdout.strip().splitlines() or ["FAILED no output"])[-1]
             except ClusterrunError as exc:
                 return node, f"FAILED {getattr(exc, 'reason', exc)}"

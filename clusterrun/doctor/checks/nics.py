@@ -8,10 +8,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 
 from clusterrun.doctor.model import Finding, Scope, Verdict
-from clusterrun.doctor.parsers import ip
 from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ParseError
-from clusterrun.node_facts import VIRTUAL_PREFIXES
+from clusterrun.facts.nics import VIRTUAL_PREFIXES
+from clusterrun.facts.parsers import ip
 
 
 def interfaces(ctx: Context, node: str) -> ip.Interfaces | None:

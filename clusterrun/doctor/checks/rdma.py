@@ -13,10 +13,10 @@ from functools import partial
 
 from clusterrun.doctor.facts import NodeFacts, Section
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
-from clusterrun.doctor.parsers import ibstat
-from clusterrun.doctor.parsers.ibstat import IbDevices, LinkLayer, PhysState, Port, PortState
 from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ParseError
+from clusterrun.facts.parsers import ibstat
+from clusterrun.facts.parsers.ibstat import IbDevices, LinkLayer, PhysState, Port, PortState
 from clusterrun.inventory.models import Nic, NicKind, Node
 
 _ACTIVE = (PortState.ACTIVE, PortState.ACTIVE_DEFER)

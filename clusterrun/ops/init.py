@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from clusterrun.doctor.parsers import nvidia_smi
 from clusterrun.errors import ClusterrunError, ParseError
+from clusterrun.facts.nics import reconcile
+from clusterrun.facts.parsers import nvidia_smi
 from clusterrun.inventory.models import Inventory, Nic
 from clusterrun.network import resolve_data_network
-from clusterrun.node_facts import reconcile
 from clusterrun.transport.base import Transport
+from clusterrun.transport.fanout import fan_out
 
 if TYPE_CHECKING:
-    from clusterrun.launch.preflight import NodeReady
+    from clusterrun.launch.ready import NodeReady
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"]
 
@@ -51,8 +51,8 @@ def probe_gpus(inv: Inventory, transports: Mapping[str, Transport]) -> dict[str,
         return Gpus(tuple(g.index for g in found.gpus if g.index is not None),
                     next((g.name for g in found.gpus if g.name), None))
 
-    with ThreadPoolExecutor(max_workers=min(64, len(inv.nodes)), thread_name_prefix="init-gpus") as pool:
-        return dict(zip([n.name for n in inv.nodes], pool.map(one, [n.name for n in inv.nodes]), strict=True))
+    got = fan_out(inv.nodes, lambda n: n.name, lambda n: one(n.name), label="init-gpus")
+    return {name: got.results.get(name, Gpus((), None)) for name in (n.name for n in inv.nodes)}
 
 
 def _rate(bits: int | None) -> str | None:

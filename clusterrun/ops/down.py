@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
+import time
 
+from clusterrun import remote
 from clusterrun.errors import ClusterrunError, UsageError
 from clusterrun.inventory.models import Inventory
-from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.launch.agent_cmd import agent_argv
-from clusterrun.launch.transports import transport_for
-from clusterrun.runs import RunDir
-from clusterrun.transport.base import Transport
+from clusterrun.plan import NodePlan
+from clusterrun.runs import RunDir, RunState, run_state
+from clusterrun.transport.factory import transport_for
+from clusterrun.transport.fanout import fan_out
 
 SWEEP_TIMEOUT = 30.0
 
@@ -26,22 +26,17 @@ def run_inventory(run: RunDir) -> Inventory:
                          f"CLUSTERRUN_RUN_ID={run.run_id} in their environment)") from None
 
 
-def node_transport(inv: Inventory, name: str) -> tuple[Transport, bool]:
-    """A transport to node ``name`` and whether it is local."""
-    node = next(n for n in inv.nodes if n.name == name)
-    return transport_for(inv, node), inv.transport_of(node) is TransportKind.local
-
-
 def sweep_run(run: RunDir, grace: float) -> dict[str, tuple[list[int], str | None]]:
     """``{node: (pids stopped, problem or None)}`` for every node of the run, swept in parallel."""
     inv = run_inventory(run)
-    plan = run.read_json("plan.json")
-    nodes = {n["name"]: n for n in plan["nodes"]}
+    plan = run.read_plan()
 
-    def one(name: str) -> tuple[list[int], str | None]:
-        transport, local = node_transport(inv, name)
+    def one(node: NodePlan) -> tuple[list[int], str | None]:
+        name = node.name
+        transport = transport_for(inv, inv.node(name))
         try:
-            argv = agent_argv(nodes[name]["python"], "sweep", [run.run_id, f"{grace:g}", name], inline=not local)
+            argv = remote.argv(node.python, "agent", "sweep", run.run_id, f"{grace:g}", name,
+                               inline=not transport.is_local)
             res = transport.run(argv, timeout=SWEEP_TIMEOUT + grace)
             line = next((x for x in res.stdout.splitlines() if x.startswith("{")), None)
             if line is None:
@@ -52,5 +47,15 @@ def sweep_run(run: RunDir, grace: float) -> dict[str, tuple[list[int], str | Non
         finally:
             transport.close()
 
-    with ThreadPoolExecutor(max_workers=min(64, len(nodes)), thread_name_prefix="sweep") as pool:
-        return dict(zip(nodes, pool.map(one, nodes), strict=True))
+    got = fan_out(plan.nodes, lambda n: n.name, one, label="sweep", deadline=SWEEP_TIMEOUT + grace + 30)
+    return {n.name: got.results.get(n.name) or ([], got.problems.get(n.name, "no answer")) for n in plan.nodes}
+
+
+def record_stopped(run: RunDir) -> None:
+    """After a sweep that reached every node: record the end that the run's own clusterrun could not write."""
+    state = run_state(run)
+    if state.get("state") in (RunState.starting.value, RunState.running.value, RunState.lost.value,
+                              RunState.detached.value):
+        state.update(ended=time.time(), stopped_by="clusterrun down")
+        state.pop("pid", None)
+        run.write_status(RunState.stopped, state)

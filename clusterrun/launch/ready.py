@@ -1,4 +1,4 @@
-"""Before anything starts: check every node in parallel, and stage the script where it is needed.
+"""The ready check (the first step of `up`): every node in parallel proves it can run the job, and gets the files it lacks.
 
 One command per node, through the node's own python: it proves the interpreter exists and
 has torch with torchrun (found, not imported: ``clusterrun doctor`` imports it), creates the
@@ -20,56 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterrun.errors import ClusterrunError, StartError
+from clusterrun import remote
+from clusterrun.errors import NodeNotReady, NoTorch, PythonNotFound, StartError
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.launch.fanout import on_every_node
-from clusterrun.node_facts import GATHER
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.transport.base import Transport
+from clusterrun.transport.fanout import on_every_node
 
 #: Content-addressed copies of staged files on each node (by sha256).
 REMOTE_CACHE = "~/.clusterrun/cache"
 PREFLIGHT_TIMEOUT = 60.0
 
-_CHECK = r"""
-import json, os, socket, sys, base64
-spec = json.loads(base64.b64decode(sys.argv[1]))
-out = {"python": sys.version.split()[0], "executable": sys.executable, "problems": [], "missing": []}
-# Find torch without importing it: an import costs seconds of CPU on every node at every launch.
-import importlib.util, importlib.metadata
-found = importlib.util.find_spec("torch")
-if found is None:
-    out["problems"].append("python %s has no torch; install torch there or set `python` in the inventory to "
-                           "an environment that has it" % sys.executable)
-elif not any(os.path.isfile(os.path.join(d, "distributed", "run.py")) for d in found.submodule_search_locations or ()):
-    out["problems"].append("torch at %s has no torch.distributed.run (torchrun); install a full torch build"
-                           % found.origin)
-else:
-    try:
-        out["torch"] = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        out["torch"] = "unknown"
-for d in (spec["run_dir"], spec["cache"]):
-    try:
-        os.makedirs(os.path.expanduser(d), exist_ok=True)
-    except OSError as exc:
-        out["problems"].append("cannot create %s: %s" % (d, exc.strerror or exc))
-for digest in spec["hashes"]:
-    if not os.path.isfile(os.path.join(os.path.expanduser(spec["cache"]), digest)):
-        out["missing"].append(digest)
-if spec.get("port"):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torchrun's store does: TIME_WAIT is no conflict
-    try:
-        s.bind(("", spec["port"]))
-    except OSError as exc:
-        out["problems"].append("master port %d is already in use on this node (%s): another job, or a "
-                               "leftover one; pick another with --master-port" % (spec["port"], exc.strerror))
-    finally:
-        s.close()
-"""
-# The node's network facts (NICs, speeds, RDMA ports) ride along: the plan completes the inventory with them.
-_CHECK += GATHER + 'print("CLUSTERRUN-PREFLIGHT " + json.dumps(out))\n'
 
 
 @dataclass(frozen=True)
@@ -87,7 +48,7 @@ class NodeReady:
     torch_version: str = ""
     copied: list[str] = field(default_factory=list)
     stage: list[tuple[str, str, str]] = field(default_factory=list)  # (cache path, destination, kind)
-    net: dict[str, Any] | None = None  # the node's network facts, raw (see clusterrun.node_facts)
+    net: dict[str, Any] | None = None  # the node's network facts, raw (see clusterrun.facts.nics)
     ssh_address: str | None = None  # the address SSH reached the node at
 
 
@@ -151,20 +112,21 @@ def files_to_stage(plan: LaunchPlan, node: NodePlan) -> list[StagedFile]:
 def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> NodeReady:
     spec = {"run_dir": node.run_dir, "cache": REMOTE_CACHE, "hashes": sorted({f.digest for f in staged}),
             "port": plan.master_port if node.node_rank == 0 else None}
-    argv = [node.python, "-c", _CHECK, base64.b64encode(json.dumps(spec).encode()).decode()]
+    argv = remote.argv(node.python, "ready", "check", base64.b64encode(json.dumps(spec).encode()).decode())
     result = transport.run(argv, timeout=PREFLIGHT_TIMEOUT)
     marker = next((line for line in result.stdout.splitlines() if line.startswith("CLUSTERRUN-PREFLIGHT ")), None)
     if marker is None:
         if result.exit_code == 127:
-            raise ClusterrunError(f"python {node.python!r} not found on the node; set `python` in the inventory "
-                                  "to an interpreter that exists there (an absolute path is safest)")
-        raise ClusterrunError(f"the node check failed (exit {result.exit_code}): {result.tail(3) or 'no output'}")
+            raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; set `python` in the "
+                                            "inventory to an interpreter that exists there (an absolute path is safest)")
+        raise NodeNotReady(node.name, f"the node check failed (exit {result.exit_code}): "
+                                      f"{result.tail(3) or 'no output'}")
     report = json.loads(marker.split(" ", 1)[1])
     if report["problems"]:
-        raise ClusterrunError("; ".join(report["problems"]))
-    peer = getattr(transport, "peer_address", None)
+        kind = NoTorch if report.get("no_torch") else NodeNotReady
+        raise kind(node.name, "; ".join(report["problems"]))
     ready = NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
-                      ssh_address=peer() if peer else None)
+                      ssh_address=transport.peer_address())
     for f in staged:
         cached = posixpath.join(REMOTE_CACHE, f.digest)
         if f.digest in report["missing"]:
@@ -174,7 +136,7 @@ def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: 
     return ready
 
 
-def preflight(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
+def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
     """Check and stage every node in parallel. Raises :class:`StartError` naming every node that failed."""
     staged = {node.name: files_to_stage(plan, node) for node in plan.nodes}
     ready, problems = on_every_node(plan.nodes, lambda n: n.name,

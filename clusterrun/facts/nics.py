@@ -16,40 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterrun.doctor.parsers import ip
 from clusterrun.errors import ParseError
+from clusterrun.facts.parsers import ip
 from clusterrun.inventory.models import Inventory, Nic, NicKind, Node
-
-#: Python (stdlib, run by preflight on the node) that fills ``out["net"]``.
-GATHER = r"""
-def _net_facts():
-    import glob, subprocess
-    net = {"speeds": {}, "rdma": []}
-    try:
-        net["ip"] = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
-    except Exception as exc:
-        net["ip_error"] = "%s: %s" % (type(exc).__name__, exc)
-    for d in glob.glob("/sys/class/net/*"):
-        try:
-            net["speeds"][os.path.basename(d)] = int(open(d + "/speed").read().strip())
-        except Exception:
-            pass
-    for p in glob.glob("/sys/class/infiniband/*/ports/*"):
-        hca, port = p.split("/")[4], p.rsplit("/", 1)[1]
-        def read(name):
-            try:
-                return open(os.path.join(p, name)).read().strip()
-            except Exception:
-                return ""
-        try:
-            netdevs = sorted(os.listdir("/sys/class/infiniband/%s/device/net" % hca))
-        except Exception:
-            netdevs = []
-        net["rdma"].append({"hca": hca, "port": int(port), "state": read("state"), "phys_state": read("phys_state"),
-                            "link_layer": read("link_layer"), "rate": read("rate"), "netdevs": netdevs})
-    return net
-out["net"] = _net_facts()
-"""
 
 #: Interfaces of containers, bridges and tunnels: never a node's NIC to the cluster.
 VIRTUAL_PREFIXES = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "tun", "tap", "vnet", "kube")

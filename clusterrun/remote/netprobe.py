@@ -1,28 +1,23 @@
-"""The small network probes doctor runs on the nodes (standard library only), and how to talk to them.
+"""Network probes that doctor and the launch's path check run on the nodes (standard library only).
 
-``python -c SOURCE listen ADDR PORT SECONDS``: listen on ADDR:PORT (0: any free port), print
-``LISTENING <port>``, then for each connection print ``RECEIVED <bytes> <seconds>`` once its sender is
-done; it stops after SECONDS or when its stdin closes (the orchestrator went away).
+``listen ADDR PORT SECONDS``: listen on ADDR:PORT (0: any free port), print ``LISTENING <port>``, then for each
+connection print ``RECEIVED <bytes> <seconds>`` once its sender is done; it stops after SECONDS or when its
+stdin closes (clusterrun went away).
 ``send ADDR PORT SECONDS``: connect and send as fast as possible for SECONDS; prints ``SENT <bytes>``.
 ``connect ADDR PORT TIMEOUT``: one TCP connect; prints ``CONNECTED`` or ``FAILED <reason>``.
 ``reach ADDR PORT SRC TIMEOUT``: a TCP connect from source address SRC (``-``: any); prints ``TCP OK`` or
 ``TCP FAILED <reason>`` followed by a ``PING`` line for ADDR, which tells a blocked port from a dead path.
 ``ping X TIMEOUT ADDR...``: one ping to each address at once; a line ``PING <addr> OK|FAILED`` each
 (``PING MISSING`` without a ping command).
-The receiver's count over the receiver's time is the measure: a sender's count includes what is
-still in socket buffers.
+The receiver's count over the receiver's time is the measure: a sender's count includes what is still in
+socket buffers. Runs under any Python 3 the node has (it is sent inline, as ``python -c``).
 """
-
-from __future__ import annotations
-
-import queue
+import os
+import socket
+import sys
 import threading
 import time
 
-from clusterrun.transport.base import Stream
-
-SOURCE = r'''
-import socket, sys, threading, time, os
 mode = sys.argv[1]
 if mode == "listen":
     addr, port, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
@@ -89,7 +84,8 @@ elif mode == "reach":
               flush=True)
         mode, sys.argv[3:] = "ping", [str(timeout), addr]  # tell a blocked port from a dead path
 if mode == "ping":
-    import shutil, subprocess
+    import shutil
+    import subprocess
     timeout, addrs = float(sys.argv[3]), sys.argv[4:]
     if shutil.which("ping") is None:
         print("PING MISSING", flush=True)
@@ -106,41 +102,3 @@ elif mode == "connect":
     except OSError as exc:
         print("FAILED %s" % ("timed out after %gs" % timeout if isinstance(exc, socket.timeout) else exc.strerror or exc),
               flush=True)
-'''
-
-
-def argv(python: str, *args: object) -> list[str]:
-    return [python, "-c", SOURCE, *(str(a) for a in args)]
-
-
-class LineReader:
-    """Read a stream's lines on a thread, so the caller can wait for one with a timeout."""
-
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True, name="probe-reader").start()
-
-    def _pump(self) -> None:
-        try:
-            for line in self.stream.lines():
-                self._lines.put(line)
-        except Exception:  # a broken stream ends the reading; the caller sees None
-            pass
-        self._lines.put(None)
-
-    def next(self, timeout: float) -> str | None:
-        """The next line, or None at the end of the stream or after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        try:
-            return self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            return None
-
-    def wait_for(self, prefix: str, timeout: float) -> str | None:
-        """The first line starting with ``prefix`` (or ``FAILED``), within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            line = self.next(deadline - time.monotonic())
-            if line is None or line.startswith((prefix, "FAILED")):
-                return line

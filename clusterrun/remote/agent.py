@@ -1,6 +1,6 @@
 """The small program clusterrun runs on each node (standard library only, Python >= 3.8).
 
-``python node_agent.py run SPEC`` starts the node's torchrun in its own session and
+``python agent.py run SPEC`` starts the node's torchrun in its own session and
 then, until every process of it is gone:
 
 * tails every rank's log file (torchrun ``--redirects 3 --log-dir``) and writes each
@@ -13,7 +13,7 @@ then, until every process of it is gone:
 
 It is a child subreaper, so workers that torchrun started in their sessions stay its
 descendants even if torchrun dies, and every process carries ``CLUSTERRUN_RUN_ID`` in
-its environment: ``python node_agent.py sweep RUN_ID`` finds and stops anything of a
+its environment: ``python agent.py sweep RUN_ID`` finds and stops anything of a
 run that is left, and ``ps RUN_ID`` lists it. ``collect SPEC`` does the sweep and then sends
 the rank log lines clusterrun did not receive (after a broken stream).
 """
@@ -34,6 +34,11 @@ import tarfile
 import threading
 import time
 
+if __package__:  # imported as part of clusterrun (by clusterrun itself, by tests)
+    from clusterrun.remote import protocol
+else:  # run on a node: as a file beside protocol.py, or sent inline with it (see clusterrun.remote.argv)
+    import protocol
+
 RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 NODE_VAR = "CLUSTERRUN_NODE"
 PR_SET_PDEATHSIG = 1
@@ -41,14 +46,6 @@ PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 128 << 10  # bytes read from one rank file per turn: one ``out`` frame at most this big
 MAX_RECORD = 1 << 20  # an unfinished line longer than this goes out in pieces (``open``) instead of being held
 TAIL_FAST, TAIL_SLOW = 0.01, 0.1  # seconds between looks at the rank files: right after data, and when idle
-
-# The wire protocol, agent -> clusterrun: one JSON object per line (an *event*, ``{"ev": KIND, ...}``). An event
-# with ``"n": N`` is followed by exactly N raw bytes (its payload) that are not part of any line. ``out`` events
-# carry rank output as payload: whole records (ending in \n or \r) unless ``"open": true``, which says the record
-# goes on in the next ``out`` of the same rank and stream (nothing of the rank's other stream comes in between).
-# Events: started, out, launcher, rank_failed, error, pong, exit (always last: torchrun's end and, in ``logs``,
-# every rank file's size and line count, sent after every byte of them); collect mode: swept, alive, log, out,
-# record.
 
 OUT_FD = 1  # where events go: stdout, which is the ssh channel (tests point it at a file)
 _out_lock = threading.Lock()
@@ -61,9 +58,7 @@ def emit(event: dict, payload: bytes = b"") -> bool:
     global _out_broken, _out_progress
     if _out_broken:
         return False
-    if payload:
-        event["n"] = len(payload)
-    data = (json.dumps(event, separators=(",", ":")) + "\n").encode() + payload
+    data = protocol.encode(event, payload)
     with _out_lock:
         try:
             view = memoryview(data)
@@ -263,7 +258,7 @@ class RankFile:
         return len(chunk)
 
     def _send(self, data: bytes, more: bool) -> bool:
-        ok = emit({"ev": "out", "rank": self.rank, "local_rank": self.local_rank, "stream": self.stream,
+        ok = emit({"ev": protocol.OUT, "rank": self.rank, "local_rank": self.local_rank, "stream": self.stream,
                    "open": more}, data)
         if ok:
             self.sent += len(data)
@@ -448,12 +443,12 @@ class Agent:
                     self.stop("the connection to clusterrun closed", self.grace)
                 return
             cmd = line.strip().decode(errors="replace")
-            if cmd == "ping":
+            if cmd == protocol.PING:
                 self.last_ping = time.monotonic()
-                emit({"ev": "pong"})  # lets clusterrun tell a silent node from a quiet one
-            elif cmd == "term":
+                emit({"ev": protocol.PONG})  # lets clusterrun tell a silent node from a quiet one
+            elif cmd == protocol.TERM:
                 self.stop("stopped by clusterrun", self.grace)
-            elif cmd == "kill":
+            elif cmd == protocol.KILL:
                 self.stop("killed by clusterrun", 0.0)
 
     def _watch_heartbeat(self) -> None:
@@ -468,13 +463,13 @@ class Agent:
             text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             self.launcher_lines.append(text)
             del self.launcher_lines[:-400]  # keep the tail: the failure summary is at the end
-            emit({"ev": "launcher", "text": text})
+            emit({"ev": protocol.LAUNCHER, "text": text})
             m = _WORKER_FAILED.search(text)
             if m:
                 # torchrun saw a worker fail; say so now, before it finishes stopping the others.
                 local_rank = int(m.group(2))
                 code = int(m.group(1))
-                emit({"ev": "rank_failed", "local_rank": local_rank, "time": time.time(),
+                emit({"ev": protocol.RANK_FAILED, "local_rank": local_rank, "time": time.time(),
                       "rank": int(self.spec.get("rank_offset", 0)) + local_rank,
                       "rc": 128 - code if code < 0 else code, "signal": -code if code < 0 else None})
         pipe.close()
@@ -510,9 +505,9 @@ class Agent:
                 preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGTERM),
             )
         except OSError as exc:
-            emit({"ev": "error", "text": f"cannot start {argv[0]}: {exc.strerror or exc}", "time": time.time()})
+            emit({"ev": protocol.ERROR, "text": f"cannot start {argv[0]}: {exc.strerror or exc}", "time": time.time()})
             return self._finish(127, None, {}, reason=f"could not start: {exc}")
-        emit({"ev": "started", "pid": proc.pid, "time": time.time()})
+        emit({"ev": protocol.STARTED, "pid": proc.pid, "time": time.time()})
         reader = threading.Thread(target=self._read_launcher, args=(proc.stdout,), daemon=True)
         reader.start()
         tailer = Tailer(log_dir, int(self.spec.get("rank_offset", 0)))
@@ -542,12 +537,14 @@ class Agent:
                 break
         ranks = parse_failures(self.launcher_lines)
         for rank, started in tailer.started_at.items():
-            ranks.setdefault(rank, {"rc": 0 if rc == 0 else None, "signal": None, "time": None})
+            # torchrun's 0 says every rank ended well, unless the job was stopped (then torchrun's code says little).
+            ranks.setdefault(rank, {"rc": 0 if rc == 0 and self.stop_reason is None else None, "signal": None,
+                                    "time": None})
             ranks[rank]["started"] = started
         return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished", logs=tailer.sizes())
 
     def _finish(self, rc: int, signum, ranks: dict, reason: str, logs: dict | None = None) -> int:
-        result = {"ev": "exit", "rc": rc, "signal": signum, "ranks": {str(k): v for k, v in ranks.items()},
+        result = {"ev": protocol.EXIT, "rc": rc, "signal": signum, "ranks": {str(k): v for k, v in ranks.items()},
                   "reason": reason, "time": time.time(), "logs": logs or {}}
         try:
             with open(os.path.join(self.run_dir, "exit.json"), "w") as f:
@@ -600,9 +597,9 @@ def collect(spec: dict) -> int:
     if spec.get("sweep", True):
         pids = stop_processes(lambda: marked(spec["run_id"], exclude, spec.get("node", "")),
                               float(spec.get("grace", 2)))
-        emit({"ev": "swept", "pids": pids})
+        emit({"ev": protocol.SWEPT, "pids": pids})
     else:  # only reading the logs of a run that goes on (a detached one): say whether it still runs
-        emit({"ev": "alive", "pids": marked(spec["run_id"], exclude, spec.get("node", ""))})
+        emit({"ev": protocol.ALIVE, "pids": marked(spec["run_id"], exclude, spec.get("node", ""))})
     run_dir = os.path.expanduser(spec["run_dir"])
     log_dir = os.path.join(run_dir, "torchrun")
     skip = spec.get("skip", {})
@@ -625,7 +622,7 @@ def collect(spec: dict) -> int:
                 size = os.fstat(fh.fileno()).st_size
                 start = min(int(skip.get(key, 0)), size)
                 begin = _line_start_after(fh, size - limit) if size - start > limit else start
-                emit({"ev": "log", "rank": rank, "stream": m.group(3), "bytes": size,
+                emit({"ev": protocol.LOG, "rank": rank, "stream": m.group(3), "bytes": size,
                       "lines": _count_lines(fh, 0, size), "from": begin, "skipped_bytes": begin - start,
                       "skipped_lines": _count_lines(fh, start, begin)})
             f = RankFile(path, rank, local_rank, m.group(3), offset=begin)
@@ -638,9 +635,9 @@ def collect(spec: dict) -> int:
             f.close()
     try:
         with open(os.path.join(run_dir, "exit.json")) as fh:
-            emit({"ev": "record", "exit": json.load(fh)})
+            emit({"ev": protocol.RECORD, "exit": json.load(fh)})
     except (OSError, ValueError):
-        emit({"ev": "record", "exit": None})
+        emit({"ev": protocol.RECORD, "exit": None})
     return 0
 
 
@@ -659,7 +656,7 @@ def exec_command(spec: dict) -> int:
                                 stderr=subprocess.PIPE, start_new_session=True,
                                 preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
     except OSError as exc:
-        emit({"ev": "exit", "rc": 127, "error": str(exc)})
+        emit({"ev": protocol.EXIT, "rc": 127, "error": str(exc)})
         return 0
     why = []
     me = os.getpid()
@@ -671,7 +668,7 @@ def exec_command(spec: dict) -> int:
 
     def relay(pipe, stream: str) -> None:
         for raw in iter(pipe.readline, b""):
-            emit({"ev": "line", "stream": stream, "text": raw.decode("utf-8", errors="replace").rstrip("\r\n")})
+            emit({"ev": protocol.LINE, "stream": stream, "text": raw.decode("utf-8", errors="replace").rstrip("\r\n")})
         pipe.close()
 
     def watch_stdin() -> None:
@@ -695,7 +692,7 @@ def exec_command(spec: dict) -> int:
         t.join(timeout=2.0)
     rc = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     stop_processes(lambda: descendants(me), 0.5)  # anything the command left in the background
-    emit({"ev": "exit", "rc": rc, "reason": why[0] if why else None})
+    emit({"ev": protocol.EXIT, "rc": rc, "reason": why[0] if why else None})
     return 0
 
 
@@ -722,7 +719,7 @@ def main(argv: list) -> int:
         grace = float(argv[2]) if len(argv) > 2 else 2.0
         print(json.dumps({"pids": stop_processes(lambda: marked(argv[1], exclude, node), grace)}))
         return 0
-    sys.stderr.write("usage: node_agent.py run SPEC_B64 | exec SPEC_B64 | collect SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
+    sys.stderr.write("usage: agent.py run SPEC_B64 | exec SPEC_B64 | collect SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
     return 2
 
 

@@ -14,10 +14,9 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from clusterrun import remote
 from clusterrun.errors import ClusterrunError
 from clusterrun.inventory.models import Inventory
-from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.launch.agent_cmd import agent_argv
 from clusterrun.transport.base import Stream, Transport
 
 
@@ -45,9 +44,10 @@ def run_everywhere(inv: Inventory, transports: Mapping[str, Transport], command:
 
     def start(name: str) -> None:
         node = next(n for n in inv.nodes if n.name == name)
-        local = inv.transport_of(node) is TransportKind.local
         try:
-            stream = transports[name].start(agent_argv(inv.python_of(node), "exec", [spec], inline=not local))
+            transport = transports[name]
+            stream = transport.start(remote.argv(inv.python_of(node), "agent", "exec", spec,
+                                                 inline=not transport.is_local))
         except ClusterrunError as exc:
             events.put((name, {"ev": "error", "text": getattr(exc, "reason", None) or str(exc)}))
             events.put((name, None))

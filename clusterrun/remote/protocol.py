@@ -1,9 +1,31 @@
-"""Reading the node agent's output: events, some followed by a raw payload.
+"""The node agent's wire protocol, written by :mod:`clusterrun.remote.agent` and read by clusterrun.
 
-The format is defined with the agent (:mod:`clusterrun.launch.node_agent`, "The wire protocol"): one JSON
-object per line; an object with ``"n": N`` is followed by exactly N bytes that belong to it. A line that is
-not a JSON object (a traceback of a Python too old for the agent, a shell's complaint) becomes a
-``launcher`` event with that text, so nothing the node says is dropped.
+Agent -> clusterrun: one JSON object per line, an *event* ``{"ev": KIND, ...}``. An event with ``"n": N`` is
+followed by exactly N raw bytes, its payload, which are not part of any line. A line that is not a JSON object
+with an ``ev`` (a traceback of a Python too old for the agent, a shell's complaint) reads as a ``launcher``
+event with that text, so nothing the node says is dropped.
+
+Events of ``agent.py run``:
+
+* ``started`` (pid, time): torchrun runs.
+* ``out`` (rank, local_rank, stream, open; payload): rank output. The payload is whole records (each ending in
+  ``\\n`` or ``\\r``) unless ``open``: then the record goes on in the next ``out`` of the same rank and stream,
+  and nothing of the rank's other stream comes in between.
+* ``launcher`` (text): a line of torchrun's own output. ``error`` (text): torchrun could not start.
+* ``rank_failed`` (rank, local_rank, rc, signal, time): torchrun saw a worker fail.
+* ``pong``: the answer to ``ping``.
+* ``exit`` (rc, signal, reason, ranks, logs, time): always last, sent after every byte of every rank file;
+  ``logs`` gives each rank file's size and line count: ``{"<rank>/<stream>": {"bytes", "sent", "lines"}}``.
+
+Events of ``agent.py collect``: ``swept`` (pids) or ``alive`` (pids), then per rank file ``log`` (rank, stream,
+bytes, lines, from, skipped_bytes, skipped_lines) and its ``out`` events, then ``record`` (exit: the node's
+exit.json or null). Events of ``agent.py exec``: ``line`` (stream, text), then ``exit`` (rc, reason).
+
+clusterrun -> agent (``run`` and ``exec``): lines on stdin. ``ping`` (answered by ``pong``; without one for the
+heartbeat timeout the agent stops its job), ``term`` (SIGTERM, SIGKILL after the grace period), ``kill`` (at
+once). The end of stdin stops the job too, unless the run is detached.
+
+Standard library only: this module travels to the nodes with the agent.
 """
 
 from __future__ import annotations
@@ -12,6 +34,22 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+# Event kinds (agent -> clusterrun).
+STARTED, OUT, LAUNCHER, ERROR, RANK_FAILED, PONG, EXIT = ("started", "out", "launcher", "error", "rank_failed",
+                                                          "pong", "exit")
+SWEPT, ALIVE, LOG, RECORD, LINE = "swept", "alive", "log", "record", "line"
+STREAM_ERROR = "stream_error"  # made by clusterrun's reader when a stream fails, never sent by an agent
+# Commands (clusterrun -> agent), one per line on the agent's stdin.
+PING, TERM, KILL = "ping", "term", "kill"
+
+
+def encode(event: dict[str, Any], payload: bytes = b"") -> bytes:
+    """One event as it goes on the wire: its line, then its payload (``n`` is set from it)."""
+    if payload:
+        event = {**event, "n": len(payload)}
+    return (json.dumps(event, separators=(",", ":")) + "\n").encode() + payload
+
 
 MAX_HEADER = 1 << 20  # a "line" longer than this with no newline is not an event header: pass it on as text
 
@@ -58,7 +96,7 @@ class FrameDecoder:
             self._buf.clear()
             pos = end + 1
             frame = _header(line)
-            length = frame.event.get("n") if frame.event.get("ev") != "launcher" else None
+            length = frame.event.get("n") if frame.event.get("ev") != LAUNCHER else None
             if isinstance(length, int) and length > 0:
                 self._event, self._need = frame.event, length
             else:
@@ -81,7 +119,7 @@ class FrameDecoder:
 
 
 def _text(raw: bytes) -> Frame:
-    return Frame({"ev": "launcher", "text": raw.decode("utf-8", errors="replace").rstrip("\r")})
+    return Frame({"ev": LAUNCHER, "text": raw.decode("utf-8", errors="replace").rstrip("\r")})
 
 
 def _header(line: bytes) -> Frame:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from clusterrun.doctor.parsers import nccl_log
+from clusterrun.facts.parsers import nccl_log
 
 # Gloo and torch's c10d store print their own messages; NCCL's are handled by the NCCL log parser.
 _OTHER = (

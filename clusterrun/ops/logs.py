@@ -1,0 +1,101 @@
+"""Read a detached run's rank logs from its nodes (the node agent's ``collect`` mode, without stopping anything)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterrun.errors import ClusterrunError
+from clusterrun.launch.collect import collect
+from clusterrun.ops.down import run_inventory
+from clusterrun.plan import NodePlan
+from clusterrun.runs import RunDir, RunState
+from clusterrun.transport.factory import transport_for
+from clusterrun.transport.fanout import fan_out
+
+FETCH_TIMEOUT = 60.0
+
+
+@dataclass
+class NodeLogs:
+    node: str
+    chunks: list[tuple[int, str, bytes]] = field(default_factory=list)  # (rank, stream, new bytes), in order
+    alive: int | None = None  # processes of the run still there; None when unknown
+    record: dict[str, Any] | None = None  # the node's exit.json once its torchrun ended
+    problem: str | None = None
+
+    def by_rank(self) -> dict[int, bytes]:
+        """The new bytes of each rank, its streams one after the other."""
+        out: dict[int, list[bytes]] = {}
+        for rank, _stream, data in self.chunks:
+            out.setdefault(rank, []).append(data)
+        return {rank: b"".join(parts) for rank, parts in sorted(out.items())}
+
+
+def fetch(run: RunDir, received: dict[tuple[str, int, str], int], *, partial: bool = False) -> dict[str, NodeLogs]:
+    """New output of every rank on every node (``received``: bytes already read, updated here).
+
+    Only whole lines come back unless ``partial`` (the run is over: its unfinished last lines too).
+    """
+    inv = run_inventory(run)
+    plan = run.read_plan()
+
+    def one(node: NodePlan) -> NodeLogs:
+        out = NodeLogs(node.name)
+        offsets = {f"{rank}/{stream}": n for (name, rank, stream), n in received.items() if name == node.name}
+        transport = transport_for(inv, inv.node(node.name))
+        try:
+            got = collect(transport, node=node.name, python=node.python, run_id=run.run_id,
+                          run_dir=node.run_dir, rank_offset=node.rank_offset, offsets=offsets, sweep=False,
+                          grace=0.0, max_bytes=64 << 20, timeout=FETCH_TIMEOUT, partial=partial,
+                          sink=lambda rank, stream, data, _more: out.chunks.append((rank, stream, data)))
+        except ClusterrunError as exc:
+            out.problem = getattr(exc, "reason", None) or str(exc)
+            return out
+        finally:
+            transport.close()
+        out.alive, out.record = got.alive, got.record
+        if got.exit_code != 0 and out.alive is None:
+            out.problem = f"reading the logs failed (exit {got.exit_code}): {got.tail or 'no output'}"
+        return out
+
+    got = fan_out(plan.nodes, lambda n: n.name, one, label="logs", deadline=FETCH_TIMEOUT + 30)
+    results = {**got.results, **{name: NodeLogs(name, problem=why) for name, why in got.problems.items()}}
+    for r in results.values():
+        for rank, stream, data in r.chunks:
+            received[(r.node, rank, stream)] = received.get((r.node, rank, stream), 0) + len(data)
+    return results
+
+
+def record_detached_end(run: RunDir, results: Mapping[str, NodeLogs]) -> None:
+    """Once nothing of a detached run is left: copy its rank logs into runs/ and record its end from the nodes.
+
+    ``results``: the last :func:`fetch` (each node's exit record). The first failing rank of the first node
+    that recorded one is the run's first failure.
+    """
+    state = run.read_json("status.json")
+    if state.get("state") != RunState.detached.value:
+        return
+    # The whole logs, so that runs/<id>/ holds them like any run's.
+    for name, r in fetch(run, {}, partial=True).items():
+        for rank, data in r.by_rank().items():
+            run.node_dir(name)
+            run.rank_log(name, rank).write_bytes(data)
+    codes: dict[str, int | None] = {}
+    first_failure = None
+    for name, r in results.items():
+        record = r.record or {}
+        codes[name] = record.get("rc")
+        failed_ranks = sorted((int(k), v) for k, v in (record.get("ranks") or {}).items()
+                              if v.get("rc") not in (0, None))
+        if first_failure is None and (failed_ranks or record.get("rc") not in (0,)):
+            rank, info = failed_ranks[0] if failed_ranks else (None, {"rc": record.get("rc")})
+            first_failure = {"node": name, "rank": rank, "exit_code": info.get("rc") if info.get("rc") is not None
+                             else 1, "signal": info.get("signal"), "detail": record.get("reason") or "no record"}
+    ended = time.time()
+    state.update(ended=ended, detached=True, exit_code=first_failure["exit_code"] if first_failure else 0,
+                 first_failure=first_failure, duration=ended - state["started"] if state.get("started") else None,
+                 nodes={n: {**state.get("nodes", {}).get(n, {}), "exit_code": c} for n, c in codes.items()})
+    run.write_status(RunState.failed if first_failure else RunState.succeeded, state)

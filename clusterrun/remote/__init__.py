@@ -1,0 +1,67 @@
+"""Everything that runs on a node, as real files. Standard library only, for any Python 3.8+ a node has.
+
+=================== ====================================================================================
+agent.py            the node agent: runs torchrun in its own session, relays its output, stops it
+                    (modes ``run``, ``exec``, ``collect``, ``sweep``, ``ps``)
+protocol.py         the agent's wire protocol (events, payloads, commands): written by the agent, read by
+                    clusterrun
+ready.py            the ready check before a launch: python, torch, run directory, master port, staged
+                    files, the node's NICs (``check``), or the NICs alone (``facts``)
+netprobe.py         network probes for doctor and the launch's path check: listen, send, connect, reach, ping
+pyreport.py         doctor's report of the node's Python, torch, CUDA and NCCL (imports torch)
+allreduce_smoke.py  doctor's all-reduce, run under torchrun (needs torch)
+=================== ====================================================================================
+
+:func:`argv` says how a program reaches a node: inline, in the command line itself (``python -c``), so a
+node needs nothing installed; or by its path, for nodes that share this machine's files (``transport: local``).
+The agent goes inline compressed, together with the protocol module it imports.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from functools import lru_cache
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROGRAMS = ("agent", "ready", "netprobe", "pyreport", "allreduce_smoke")
+
+
+def path(name: str) -> Path:
+    """The file of program ``name`` (one of PROGRAMS, or ``protocol``)."""
+    return HERE / f"{name}.py"
+
+
+@lru_cache(maxsize=None)
+def source(name: str) -> str:
+    return path(name).read_text(encoding="utf-8")
+
+
+def _packed(name: str) -> str:
+    return base64.b64encode(zlib.compress(source(name).encode(), 9)).decode("ascii")
+
+
+@lru_cache(maxsize=1)
+def _agent_loader() -> str:
+    # The protocol module is registered first, under the name the agent imports it by when it is not part
+    # of clusterrun; then the agent runs as __main__.
+    return ("import base64,sys,types,zlib\n"
+            "def _load(s):\n"
+            " return zlib.decompress(base64.b64decode(s))\n"
+            "m=types.ModuleType('protocol')\n"
+            "sys.modules['protocol']=m\n"
+            f"exec(compile(_load('{_packed('protocol')}'),'protocol.py','exec'),m.__dict__)\n"
+            f"exec(compile(_load('{_packed('agent')}'),'agent.py','exec'))\n")
+
+
+def argv(python: str, name: str, *args: object, inline: bool = True) -> list[str]:
+    """The command that runs program ``name`` with ``args`` under ``python`` on a node."""
+    if name not in PROGRAMS:
+        raise ValueError(f"no node program {name!r}")
+    words = [str(a) for a in args]
+    if not inline:
+        return [python, str(path(name)), *words]
+    if name == "agent":
+        return [python, "-c", _agent_loader(), *words]
+    return [python, "-c", source(name), *words]

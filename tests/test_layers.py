@@ -1,0 +1,110 @@
+"""The package's layers: imports only run down, and code that runs on the nodes lives in clusterrun/remote/.
+
+From the bottom: errors and remote (node-side programs), inventory (models and loaders), facts (parsers of
+tool output, a node's NICs, log hints), plan/nccl/network (pure planning), transport, runs (the run record),
+launch (`up`), ops (exec, down, logs, init), doctor, cli. A module may import its own layer and those below,
+at the top of the file or inside a function alike.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "clusterrun"
+
+LAYERS: list[set[str]] = [
+    {"errors", "remote"},
+    {"inventory"},
+    {"facts"},
+    {"plan", "nccl", "network"},
+    {"transport"},
+    {"runs"},
+    {"launch"},
+    {"ops"},
+    {"doctor"},
+    {"cli", "__main__", "__init__"},
+]
+LEVEL = {part: i for i, layer in enumerate(LAYERS) for part in layer}
+
+
+def _part(module: str) -> str:
+    """``clusterrun.launch.up`` -> ``launch``; ``clusterrun`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1].removesuffix(".py") if len(parts) > 1 else "__init__"
+
+
+def _modules() -> list[Path]:
+    return sorted(ROOT.rglob("*.py"))
+
+
+def _name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            if node.module == "clusterrun":  # from clusterrun import remote
+                found += [(node.lineno, f"clusterrun.{alias.name}") for alias in node.names
+                          if (ROOT / alias.name).is_dir() or (ROOT / f"{alias.name}.py").is_file()]
+    return found
+
+
+def test_every_top_level_part_has_a_layer() -> None:
+    parts = {p.name.removesuffix(".py") for p in ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert parts - {"py"} <= set(LEVEL), f"no layer for {sorted(parts - set(LEVEL))}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: _name(p))
+def test_imports_only_run_down(path: Path) -> None:
+    own = _part(_name(path))
+    wrong = [f"line {line}: {target}" for line, target in _imports(path)
+             if target.startswith("clusterrun.") and _part(target) != own and LEVEL[_part(target)] > LEVEL[own]]
+    assert not wrong, f"{_name(path)} ({own}) imports from a layer above it: {wrong}"
+
+
+STDLIB = set(sys.stdlib_module_names)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "remote").glob("*.py")), ids=lambda p: p.name)
+def test_node_programs_need_only_the_standard_library(path: Path) -> None:
+    # torch only where the program is about torch: the report of its versions, the all-reduce under torchrun.
+    needs_torch = path.name in ("allreduce_smoke.py", "pyreport.py")
+    allowed = STDLIB | {"protocol", "clusterrun.remote", "clusterrun"} | ({"torch"} if needs_torch else set())
+    outside = [f"line {line}: {target}" for line, target in _imports(path)
+               if target.split(".")[0] not in allowed and target not in allowed]
+    assert not outside, f"{path.name} imports what a node may not have: {outside}"
+    ast.parse(path.read_text(encoding="utf-8"), str(path), feature_version=(3, 8))  # the oldest Python it runs on
+
+
+def _program_strings(path: Path) -> list[int]:
+    """Lines of string constants that hold a program (several lines, importing modules) outside remote/."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.count("\n") >= 3:
+            lines = [line.strip() for line in node.value.splitlines()]
+            if any(line.startswith(("import ", "from ")) and " import " not in line[:5] for line in lines) and any(
+                    line.startswith(("def ", "for ", "if ", "print(")) for line in lines):
+                hits.append(node.lineno)
+    return hits
+
+
+@pytest.mark.parametrize("path", [p for p in _modules() if "remote" not in p.parts], ids=lambda p: _name(p))
+def test_no_program_travels_in_a_string(path: Path) -> None:
+    assert not _program_strings(path), f"{_name(path)} carries a program in a string at lines {_program_strings(path)}"
+
+
+def test_launch_holds_at_most_twelve_modules() -> None:
+    modules = [p.name for p in (ROOT / "launch").glob("*.py") if p.name != "__init__.py"]
+    assert len(modules) <= 12, sorted(modules)
