@@ -1,7 +1,8 @@
 """The package's layers: imports only run down, and code that runs on the nodes lives in clusterrun/remote/.
 
 From the bottom: errors and remote (node-side programs), inventory (models and loaders), facts (parsers of
-tool output, a node's NICs, log hints), plan/nccl/network (pure planning), transport, runs (the run record),
+tool output, a node's NICs, log hints), plan/nccl/network (pure planning), transport, runs (the run record)
+and notify (webhooks),
 launch (`up`), ops (exec, down, logs, init), doctor, cli. A module may import its own layer and those below,
 at the top of the file or inside a function alike.
 """
@@ -22,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"facts"},
     {"plan", "nccl", "network"},
     {"transport"},
-    {"runs"},
+    {"runs", "notify"},
     {"launch"},
     {"ops"},
     {"doctor"},
@@ -80,7 +81,7 @@ STDLIB = set(sys.stdlib_module_names)
 def test_node_programs_need_only_the_standard_library(path: Path) -> None:
     # torch only where the program is about torch: the report of its versions, the all-reduce under torchrun.
     needs_torch = path.name in ("allreduce_smoke.py", "pyreport.py")
-    allowed = STDLIB | {"protocol", "clusterrun.remote", "clusterrun"} | ({"torch"} if needs_torch else set())
+    allowed = STDLIB | {"protocol", "pathwatch", "stacks", "clusterrun.remote", "clusterrun"} | ({"torch"} if needs_torch else set())
     outside = [f"line {line}: {target}" for line, target in _imports(path)
                if target.split(".")[0] not in allowed and target not in allowed]
     assert not outside, f"{path.name} imports what a node may not have: {outside}"

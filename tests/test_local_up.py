@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,3 +130,38 @@ def test_quiet_and_rank_filter_still_log_everything(tmp_path: Path) -> None:
     run = only_run(tmp_path / "runs")
     assert "hello from 0" in (run / "localhost" / "rank0.log").read_text()
     assert os.path.getsize(run / "localhost" / "rank1.log") > 0
+
+
+HANG = """
+import time
+print("importing torch", flush=True)
+import torch, torch.distributed as dist
+
+def stuck_here():
+    time.sleep(300)
+
+print("joining", flush=True)
+dist.init_process_group("gloo")
+t = torch.ones(8)
+dist.all_reduce(t)
+print("warmed up", dist.get_rank(), flush=True)
+if dist.get_rank() == 1:
+    stuck_here()
+dist.all_reduce(t)
+"""
+
+
+def test_hang_timeout_takes_every_ranks_stack_and_waits_with_a_reminder(tmp_path: Path) -> None:
+    """--on-hang wait: the stacks and the digest, then a reminder; the job is left to its --timeout. With py-spy
+    on this machine's PATH the stacks are py-spy's, otherwise the faulthandler hook's."""
+    (tmp_path / "hang.py").write_text(HANG)
+    done = clusterrun("up", LOCAL, "hang.py", "--hang-timeout", "8", "--timeout", "30", cwd=tmp_path)
+    assert done.returncode == 124, done.stderr  # stopped by its time limit, not by the hang
+    assert "rank 0 in all_reduce (hang.py:16)" in done.stderr and "rank 1 in stuck_here (hang.py:7)" in done.stderr
+    assert "(--on-hang wait)" in done.stderr  # the reminder after another 8 s of silence
+    run = only_run(tmp_path / "runs")
+    tool = "py-spy" if shutil.which("py-spy") else "faulthandler"
+    for rank in (0, 1):
+        assert (run / "localhost" / f"stack-rank{rank}.txt").read_text().startswith(
+            f"# rank {rank} on localhost, taken with {tool}")
+    assert not marked_processes(run.name)

@@ -91,6 +91,8 @@ def status(run: str, runs_dir: Path, as_json: bool) -> int:
         who = f"{f['node']} rank {f['rank']}" if f.get("rank") is not None else f["node"]
         detail = f" ({f['detail']})" if f.get("detail") else ""
         click.echo(f"first failure: {who}: exit code {f['exit_code']}{detail}")
+    for event in state.get("events") or ():
+        click.echo(f"event {_when(event.get('time'))}: {event.get('node')}: {event.get('kind')}: {event.get('text')}")
     for note in state.get("notes") or ():
         click.echo(f"note: {note}")
     if state.get("state") == "detached":
@@ -150,6 +152,10 @@ def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: b
         if not follow or run_state(found).get("state") not in ("starting", "running"):
             for path, rest in pending.items():
                 sys.stdout.write(f"[{path.parent.name}:{path.stem[4:]}] {rest.decode('utf-8', errors='replace')}\n")
+            for event in run_state(found).get("events") or ():  # what the watch saw, after the lines
+                if node is None or event.get("node") == node:
+                    sys.stdout.write(f"[clusterrun] {_when(event.get('time'))} {event.get('node')}: "
+                                     f"{event.get('text')}\n")
             return 0
         time.sleep(0.5)
 

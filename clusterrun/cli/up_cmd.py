@@ -32,6 +32,9 @@ Examples:
   clusterrun up --slurm train.py                           # inside a Slurm allocation
   clusterrun up cluster.yaml --nodes 'gpu0[1-2]' train.py  # two nodes of the inventory
   clusterrun up cluster.yaml train.py --detach              # start, print the run id, return
+  clusterrun up cluster.yaml train.py --notify https://hooks.slack.com/services/T0/B0/XX  # start, failure, end
+  clusterrun up cluster.yaml train.py --on-path-loss warn   # a dead data path is reported, the job goes on
+  clusterrun up cluster.yaml train.py --hang-timeout 600    # 10 min without output: every rank's stack
 
 Every rank's output is shown as [node:rank] and written to runs/<run-id>/<node>/rank<R>.log;
 runs/<run-id>/status.json has per-rank exit codes and timings. Exit code: 0 when every rank
@@ -51,9 +54,24 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
               help="Stop the job (exit 124) if it runs longer than this; by default it may run forever.")
 @click.option("--grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
               help="After a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.")
+@click.option("--path-watch/--no-path-watch", default=True, show_default=True,
+              help="While the job runs, every node checks its data paths (to rank 0's node and to the next node) "
+              "with small UDP probes every second; a path silent for 5 s is named with its node and NIC.")
+@click.option("--on-path-loss", type=click.Choice(["stop", "warn"]), default="stop", show_default=True,
+              help="What a dead data path does: stop the job (its ranks would only wait for NCCL's or gloo's "
+              "timeout), or warn and let it run.")
+@click.option("--hang-timeout", type=click.FloatRange(1, None), metavar="SECONDS",
+              help="When no rank has printed anything for this long, take every rank's stack (py-spy, or a "
+              "faulthandler hook clusterrun installs) and print where each rank is; off by default.")
+@click.option("--on-hang", type=click.Choice(["wait", "stop"]), default="wait", show_default=True,
+              help="After the stacks of a hang: wait (a reminder every --hang-timeout) or stop the job.")
+@click.option("--notify", "notify", multiple=True, metavar="URL",
+              help="POST a small JSON document (with a Slack-style `text`) to URL when the run starts, fails and "
+              "ends; repeatable. A slow or dead webhook never delays the run.")
 @with_job
 def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool,
-       preflight_mode: str, detach: bool, time_limit: float | None, grace: float) -> int:
+       preflight_mode: str, detach: bool, time_limit: float | None, grace: float, path_watch: bool,
+       on_path_loss: str, hang_timeout: float | None, on_hang: str, notify: tuple[str, ...]) -> int:
     """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
 
     clusterrun computes each node's rank, the master address on the data network and the
@@ -79,8 +97,10 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     full_check = None
     if preflight_mode == "full":
         from clusterrun.doctor.gate import full_check
-    outcome, run_dir = execute(inv, plan, runs_dir, console, SupervisorSettings(grace=grace, timeout=time_limit),
-                               preflight_mode, detach=detach, full_check=full_check)
+    settings = SupervisorSettings(grace=grace, timeout=time_limit, path_watch=path_watch, on_path_loss=on_path_loss,
+                                  hang_timeout=hang_timeout, on_hang=on_hang)
+    outcome, run_dir = execute(inv, plan, runs_dir, console, settings, preflight_mode, detach=detach,
+                               full_check=full_check, notify=notify)
     if outcome is None:
         click.echo(plan.run_id)
         click.echo(f"clusterrun: detached: run {plan.run_id} goes on without clusterrun; follow it with "

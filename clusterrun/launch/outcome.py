@@ -70,6 +70,8 @@ class Failure:
     detail: str
 
     def describe(self) -> str:
+        if self.rank is None and self.detail and not self.signal:
+            return f"{self.node}: {self.detail}"  # the node as a whole (lost, its data path died): the why is all
         who = f"{self.node} rank {self.rank}" if self.rank is not None else self.node
         how = f"killed by {signal_name(self.signal)}" if self.signal else f"exit code {self.exit_code}"
         return f"{who}: {how}{f' ({self.detail})' if self.detail else ''}"
@@ -91,6 +93,8 @@ class RunOutcome:
     log_gaps: list[dict[str, Any]] = field(default_factory=list)  # rank output that never reached runs/
     logs_unverified: list[str] = field(default_factory=list)  # nodes that never said what their logs hold
     log_totals: dict[str, dict[str, int | None]] = field(default_factory=dict)  # received per node/rank/stream
+    events: list[dict[str, Any]] = field(default_factory=list)  # what the watch saw, in order: time, node, kind, text
+    watch_cost: dict[str, dict[str, int]] = field(default_factory=dict)  # per node: the watch's datagrams
 
     @property
     def logs_complete(self) -> bool:
@@ -122,6 +126,8 @@ class RunOutcome:
                 "interrupted_by": signal_name(self.interrupted_by),
                 "first_failure": self.first_failure.to_dict() if self.first_failure else None,
                 "notes": self.notes,
+                "events": self.events,
+                "watch": self.watch_cost,
                 "logs": {"complete": self.logs_complete, "gaps": self.log_gaps, "unverified": self.logs_unverified,
                          "received": self.log_totals},
                 "nodes": {name: n.to_dict() for name, n in self.nodes.items()}}

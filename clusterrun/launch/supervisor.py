@@ -24,14 +24,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from clusterrun import remote
 from clusterrun.errors import EXIT_TIMEOUT, StartError
 from clusterrun.launch.agent_cmd import agent_spec, run_argv
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
 from clusterrun.launch.relay import LogRelay
+from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathWatchState, Verdict
+from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.remote import protocol
 from clusterrun.remote.protocol import Frame, FrameDecoder
-from clusterrun.runs import RunDir
+from clusterrun.runs import RunDir, RunState
 from clusterrun.transport.base import Stream, Transport
 from clusterrun.transport.fanout import fan_out
 
@@ -50,17 +54,24 @@ class SupervisorSettings:
     start_timeout: float = 60.0  # for starting the agent on every node
     queue_size: int = 512  # frames in flight (each at most 128 KiB of output); readers block beyond this
     timeout: float | None = None  # the whole job: past this many seconds it is stopped and fails (exit 124)
+    path_watch: bool = True  # the agents watch the job's data paths (more than one node)
+    on_path_loss: str = "stop"  # or "warn": a dead data path is reported, the job goes on
+    watch_interval: float = 1.0  # seconds between two probes of one path
+    watch_dead_after: float = 5.0  # seconds without an answer before a path is lost
+    hang_timeout: float | None = None  # no output from any rank for this long: every rank's stack, a digest
+    on_hang: str = "wait"  # or "stop": after the digest, stop the job
 
 
 class Supervisor:
     def __init__(self, plan: LaunchPlan, transports: Mapping[str, Transport], run_dir: RunDir,
                  console: Console, settings: SupervisorSettings | None = None,
-                 stage: Mapping[str, list[tuple[str, str]]] | None = None) -> None:
+                 stage: Mapping[str, list[tuple[str, str]]] | None = None, notifier: Notifier | None = None) -> None:
         self.plan = plan
         self.transports = transports
         self.run_dir = run_dir
         self.console = console
         self.settings = settings or SupervisorSettings()
+        self.notifier = notifier
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.settings.queue_size)
         self._streams: dict[str, Stream] = {}
         self._ended: set[str] = set()
@@ -76,12 +87,29 @@ class Supervisor:
             nodes={n.name: NodeOutcome(n.name, {r: RankOutcome(r, r - n.rank_offset) for r in n.ranks})
                    for n in plan.nodes},
         )
+        self.hang: HangWatch | None = None
+        if self.settings.hang_timeout:
+            self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, [n.name for n in plan.nodes],
+                                  self._send_running, self._save_stack, self.console.info, self._record,
+                                  lambda why: self._fail(Failure(plan.master.name, None, 1, None, f"hung: {why}")))
+        self.watch: DataPathWatch | None = None
+        if self.settings.path_watch and plan.nnodes > 1:
+            ordered = sorted(plan.nodes, key=lambda n: n.node_rank)
+            state = PathWatchState({n.name: Endpoint(n.name, n.data_address, n.data_nic) for n in ordered},
+                                   [n.name for n in ordered])
+            self.watch = DataPathWatch(state, lambda node, line: self._streams[node].send(line), self.console.info,
+                                       self._path_lost, self._record)
 
     # ------------------------------------------------------------ start
 
     def _start_one(self, node: NodePlan) -> Stream:
         spec = agent_spec(node, self.plan.run_id, grace=self.settings.grace,
                           heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name))
+        if self.hang is not None:
+            spec["stacks"] = {"hook": remote.source("stackhook")}
+        if self.watch is not None:
+            spec["watch"] = {"address": node.data_address, "nic": node.data_nic,
+                             "interval": self.settings.watch_interval, "dead_after": self.settings.watch_dead_after}
         transport = self.transports[node.name]
         return transport.start(run_argv(node, spec, inline=not transport.is_local))
 
@@ -128,6 +156,8 @@ class Supervisor:
             return
         self._last_progress[name] = now
         if kind == "out":
+            if self.hang is not None:
+                self.hang.output(now)
             # A payload cut short by a broken stream is the start of a record: shown once it is whole.
             self.relay.write(name, int(event["rank"]), str(event.get("stream", "stdout")), item.payload,
                              bool(event.get("open") or event.get("cut")))
@@ -149,8 +179,18 @@ class Supervisor:
                 rank.state, rank.exit_code, rank.signal = RankState.failed, event.get("rc"), event.get("signal")
                 rank.ended = event.get("time")
                 self._fail(Failure(name, rank.rank, rank.exit_code or 1, rank.signal, "exited while others ran"))
+        elif kind == protocol.STACK and self.hang is not None:
+            self.hang.on_stack(name, event, item.payload)
+        elif kind == protocol.STACKS_DONE and self.hang is not None:
+            self.hang.on_done(name)
+        elif kind == protocol.WATCHING and self.watch is not None:
+            self.watch.on_watching(name, event)
+        elif kind == protocol.PATH and self.watch is not None:
+            self.watch.on_path(name, event, now, stopping=self._stop_sent_at is not None)
         elif kind == "exit":
             self.relay.expect(name, event.get("logs") or {})
+            if event.get("watch"):
+                self.outcome.watch_cost[name] = event["watch"]
             self._node_exit(node, event)
 
     def _node_exit(self, node: NodeOutcome, event: dict[str, Any]) -> None:
@@ -192,6 +232,10 @@ class Supervisor:
         if self._stop_sent_at is None and self.outcome.first_failure is None:
             self.outcome.first_failure = failure
             self.console.info(f"{failure.describe()}; stopping all nodes")
+            if self.notifier is not None:
+                self.notifier.send("failure", f"clusterrun: run {self.plan.run_id} failed: {failure.describe()}",
+                                   run_id=self.plan.run_id, state="failing", first_failure=failure.to_dict(),
+                                   nodes=[n.name for n in self.plan.nodes], run_dir=str(self.run_dir.path))
         self._stop("term")
 
     def _stop(self, how: str) -> None:
@@ -266,6 +310,10 @@ class Supervisor:
             if now >= next_tick:
                 next_tick = now + 0.25
                 self.console.tick(now)  # progress bars held back by the rate limit
+                if self.watch is not None:
+                    self.watch.tick(now, {n for n, o in self.outcome.nodes.items() if o.ended is not None})
+                if self.hang is not None:
+                    self.hang.tick(now, set(self._streams) - self._ended, stopping=self._stop_sent_at is not None)
             if now >= next_beat:
                 next_beat = now + self.settings.heartbeat_interval
                 for name, stream in self._streams.items():
@@ -295,6 +343,34 @@ class Supervisor:
                 self._ended.add(name)
                 self._lose(name, f"no word from the node for {now - heard:.0f}s (network down or node hung); "
                                  "its agent stops the job there by itself")
+
+    def _send_running(self, line: str) -> None:
+        for name, stream in self._streams.items():
+            if name not in self._ended:
+                stream.send(line)
+
+    def _save_stack(self, node: str, rank: int, how: str, text: str) -> str:
+        path = self.run_dir.node_dir(node) / f"stack-rank{rank}.txt"
+        path.write_text(f"# rank {rank} on {node}, taken with {how} at {time.strftime('%H:%M:%S')}\n{text}",
+                        encoding="utf-8")
+        return str(path)
+
+    def _record(self, event: dict[str, Any]) -> None:
+        """An event of the run (the watch's findings): kept in order, and in status.json at once."""
+        self.outcome.events.append(event)
+        try:
+            current = self.run_dir.read_json("status.json")
+        except (OSError, ValueError):
+            current = {}
+        if current.get("state") == RunState.running.value:
+            self.run_dir.write_status(RunState.running, {**current, "events": self.outcome.events})
+
+    def _path_lost(self, verdict: Verdict) -> None:
+        if self.settings.on_path_loss == "warn":
+            self.console.info(f"{verdict.describe()} (--on-path-loss warn: the job goes on)")
+            self.outcome.notes.append(verdict.describe())
+            return
+        self._fail(Failure(verdict.node, None, 1, None, f"its data path died: {verdict.detail()}"))
 
     def _lose(self, name: str, reason: str) -> None:
         """The node can no longer tell us what happened: its running ranks' fate is unknown, and the run fails."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from clusterrun.errors import StartError, UsageError
@@ -18,6 +18,7 @@ from clusterrun.launch.ready import check_ready, remove_archives
 from clusterrun.launch.recover import complete_logs
 from clusterrun.launch.replan import plan_with_facts
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
+from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan
 from clusterrun.runs import RunDir, RunState
 from clusterrun.transport.base import Transport
@@ -61,9 +62,23 @@ def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transpor
         run_dir.write_json("preflight.json", record)
 
 
+def _notify_end(notifier: Notifier, outcome: RunOutcome, plan: LaunchPlan, run_dir: RunDir, console: Console) -> None:
+    failure = outcome.first_failure
+    duration = (outcome.ended or time.time()) - outcome.started
+    text = (f"clusterrun: run {plan.run_id} {outcome.state.value} after {duration:.0f}s (exit code "
+            f"{outcome.exit_code})" + (f": {failure.describe()}" if failure else ""))
+    notifier.send("end", text, run_id=plan.run_id, state=outcome.state.value, exit_code=outcome.exit_code,
+                  nodes=[n.name for n in plan.nodes], first_failure=failure.to_dict() if failure else None,
+                  run_dir=str(run_dir.path), duration=duration, logs_complete=outcome.logs_complete)
+    for missed in notifier.close():  # waits a second at most: a slow webhook never holds the run
+        console.info(f"--notify {missed.url}: the {missed.event!r} document "
+                     + (f"was not delivered ({missed.error})" if missed.error else "was still on its way"))
+
+
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             settings: SupervisorSettings | None = None, preflight_mode: str = "quick",
-            detach: bool = False, full_check: FullCheck | None = None) -> tuple[RunOutcome | None, RunDir]:
+            detach: bool = False, full_check: FullCheck | None = None,
+            notify: Sequence[str] = ()) -> tuple[RunOutcome | None, RunDir]:
     """Run ``plan`` to its end. Returns the outcome and the run directory.
 
     Before the start: preflight (every node ready), the plan completed from the nodes' facts, and the
@@ -100,11 +115,15 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
                 run_dir.write_status(RunState.detached, {"started": time.time(),
                                                          "nodes": {n: {"launched": t} for n, t in launched.items()}})
                 return None, run_dir
+            notifier = Notifier(notify)
             supervisor = Supervisor(plan, transports, run_dir, console, settings,
-                                    stage={name: r.stage for name, r in ready.items()})
+                                    stage={name: r.stage for name, r in ready.items()}, notifier=notifier)
             run_dir.write_status(RunState.running, {"started": time.time(), "pid": os.getpid()})
             console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
                          f"logs in {run_dir.path}/")
+            notifier.send("start", f"clusterrun: run {plan.run_id} started on {plan.nnodes} node(s), "
+                                   f"{plan.world_size} rank(s)", run_id=plan.run_id, state="running",
+                          nodes=[n.name for n in plan.nodes], run_dir=str(run_dir.path))
             outcome = supervisor.run()
             complete_logs(plan, transports, run_dir, outcome, supervisor.relay, console,
                           grace=supervisor.settings.grace, heartbeat_timeout=supervisor.settings.heartbeat_timeout)
@@ -112,6 +131,7 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             run_dir.write_status(RunState.not_started, {"problems": exc.problems, "ended": time.time()})
             raise
         run_dir.write_status(outcome.state, outcome.to_dict())
+        _notify_end(notifier, outcome, plan, run_dir, console)
         return outcome, run_dir
     finally:
         remove_archives()

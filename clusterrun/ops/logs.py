@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.errors import ClusterrunError
-from clusterrun.launch.collect import collect
+from clusterrun.launch.recover import collect
 from clusterrun.ops.down import run_inventory
 from clusterrun.plan import NodePlan
 from clusterrun.runs import RunDir, RunState

@@ -5,6 +5,9 @@ agent.py            the node agent: runs torchrun in its own session, relays its
                     (modes ``run``, ``exec``, ``collect``, ``sweep``, ``ps``)
 protocol.py         the agent's wire protocol (events, payloads, commands): written by the agent, read by
                     clusterrun
+pathwatch.py        the agent's data-path watch: UDP probes to its peers, answers to theirs
+stacks.py           the agent's stack dumps of its workers (py-spy, or the hook below)
+stackhook.py        a sitecustomize for the workers: faulthandler on a signal, for stacks without py-spy
 ready.py            the ready check before a launch: python, torch, run directory, master port, staged
                     files, the node's NICs (``check``), or the NICs alone (``facts``)
 netprobe.py         network probes for doctor and the launch's path check: listen, send, connect, reach, ping
@@ -26,6 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS = ("agent", "ready", "netprobe", "pyreport", "allreduce_smoke")
+FILES = ("stackhook",)  # written on the nodes by the agent, from the text clusterrun sends it
 
 
 def path(name: str) -> Path:
@@ -42,17 +46,19 @@ def _packed(name: str) -> str:
     return base64.b64encode(zlib.compress(source(name).encode(), 9)).decode("ascii")
 
 
+AGENT_MODULES = ("protocol", "pathwatch", "stacks")  # what the agent imports, sent with it
+
+
 @lru_cache(maxsize=1)
 def _agent_loader() -> str:
-    # The protocol module is registered first, under the name the agent imports it by when it is not part
-    # of clusterrun; then the agent runs as __main__.
-    return ("import base64,sys,types,zlib\n"
-            "def _load(s):\n"
-            " return zlib.decompress(base64.b64decode(s))\n"
-            "m=types.ModuleType('protocol')\n"
-            "sys.modules['protocol']=m\n"
-            f"exec(compile(_load('{_packed('protocol')}'),'protocol.py','exec'),m.__dict__)\n"
-            f"exec(compile(_load('{_packed('agent')}'),'agent.py','exec'))\n")
+    # Its modules are registered first, under the names the agent imports them by when it is not part of
+    # clusterrun; then the agent runs as __main__.
+    lines = ["import base64,sys,types,zlib", "def _load(s):", " return zlib.decompress(base64.b64decode(s))",
+             "def _module(n,s):", " m=types.ModuleType(n)", " sys.modules[n]=m",
+             " exec(compile(_load(s),n+'.py','exec'),m.__dict__)"]
+    lines += [f"_module('{name}','{_packed(name)}')" for name in AGENT_MODULES]
+    lines.append(f"exec(compile(_load('{_packed('agent')}'),'agent.py','exec'))")
+    return "\n".join(lines) + "\n"
 
 
 def argv(python: str, name: str, *args: object, inline: bool = True) -> list[str]:

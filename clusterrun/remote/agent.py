@@ -35,9 +35,11 @@ import threading
 import time
 
 if __package__:  # imported as part of clusterrun (by clusterrun itself, by tests)
-    from clusterrun.remote import protocol
-else:  # run on a node: as a file beside protocol.py, or sent inline with it (see clusterrun.remote.argv)
+    from clusterrun.remote import pathwatch, protocol, stacks
+else:  # run on a node: as a file beside its modules, or sent inline with them (see clusterrun.remote.argv)
+    import pathwatch
     import protocol
+    import stacks
 
 RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 NODE_VAR = "CLUSTERRUN_NODE"
@@ -419,6 +421,7 @@ class Agent:
         self.stop_reason = None
         self.stopping = threading.Event()
         self.last_ping = time.monotonic()
+        self.watch = None  # the data-path watch (pathwatch.PathWatch), when clusterrun asked for one
 
     def _argv(self) -> list:
         # A leading '~/' means the node user's home, as a shell would expand it.
@@ -450,6 +453,45 @@ class Agent:
                 self.stop("stopped by clusterrun", self.grace)
             elif cmd == protocol.KILL:
                 self.stop("killed by clusterrun", 0.0)
+            elif cmd == protocol.STACKS:
+                threading.Thread(target=self._dump_stacks, daemon=True, name="stacks").start()
+            elif cmd.startswith(protocol.WATCH + " ") and self.watch is not None:
+                try:
+                    self.watch.set_targets(json.loads(cmd.split(" ", 1)[1]))
+                except (ValueError, KeyError, TypeError) as exc:
+                    emit({"ev": protocol.WATCHING, "error": f"bad targets: {exc}"})
+
+    def _dump_stacks(self) -> None:
+        """Every worker's stack, one ``stack`` event each (the dump as payload), then ``stacks_done``."""
+        found = stacks.workers(descendants(os.getpid()))
+        offset = int(self.spec.get("rank_offset", 0))
+        folder = os.path.join(self.run_dir, "stacks")
+        for local_rank, pid in sorted(found.items()):
+            how, text = stacks.dump(pid, folder)
+            emit({"ev": protocol.STACK, "rank": offset + local_rank, "how": how, "pid": pid},
+                 text.encode(errors="replace"))
+        emit({"ev": protocol.STACKS_DONE, "count": len(found)})
+
+    def _start_watch(self) -> None:
+        """Bind the data-path watch on this node's data address and tell clusterrun its port."""
+        spec = self.spec.get("watch") or {}
+        if not spec.get("address") or self.detached:
+            return
+        nic = spec.get("nic")
+
+        def changed(target, lost: bool) -> None:
+            emit({"ev": protocol.PATH, "peer": target.node, "address": target.address, "nic": nic,
+                  "state": "lost" if lost else "ok", "since": target.last_answer_wall, "answered": target.answered,
+                  "time": time.time()})
+
+        try:
+            self.watch = pathwatch.PathWatch(spec["address"], changed, float(spec.get("interval", 1.0)),
+                                             float(spec.get("dead_after", 5.0)))
+        except OSError as exc:
+            emit({"ev": protocol.WATCHING, "error": f"cannot listen on {spec['address']}: {exc.strerror or exc}"})
+            return
+        self.watch.start()
+        emit({"ev": protocol.WATCHING, "port": self.watch.port, "address": spec["address"], "nic": nic})
 
     def _watch_heartbeat(self) -> None:
         while not self.stopping.wait(0.5):
@@ -481,6 +523,11 @@ class Agent:
         env.update(self.spec.get("env", {}))
         env[RUN_ID_VAR] = self.run_id
         env[NODE_VAR] = self.node
+        if (self.spec.get("stacks") or {}).get("hook"):
+            try:  # the workers' stack hook, for hang diagnosis without py-spy
+                env.update(stacks.hook_env(self.run_dir, self.spec["stacks"]["hook"], env))
+            except OSError as exc:
+                emit({"ev": protocol.LAUNCHER, "text": f"clusterrun: no stack hook ({exc}); stacks need py-spy"})
         cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
         for src, dest, *kind in self.spec.get("stage", []):
             # Staged files arrive in the node's content cache; each run gets its own copy.
@@ -512,11 +559,14 @@ class Agent:
         reader.start()
         tailer = Tailer(log_dir, int(self.spec.get("rank_offset", 0)))
         tailer.start()
+        self._start_watch()
         threading.Thread(target=self._watch_stdin, daemon=True).start()
         if self.heartbeat_timeout > 0 and not self.detached:
             threading.Thread(target=self._watch_heartbeat, daemon=True).start()
         status = wait_for(proc.pid)
         proc.returncode = status  # reaped here, not by Popen
+        if self.watch is not None:
+            self.watch.stop()  # the job is over: its paths no longer matter
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             rc, signum = 128 + sig, sig
@@ -541,11 +591,14 @@ class Agent:
             ranks.setdefault(rank, {"rc": 0 if rc == 0 and self.stop_reason is None else None, "signal": None,
                                     "time": None})
             ranks[rank]["started"] = started
-        return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished", logs=tailer.sizes())
+        watch = {"sent": self.watch.sent, "received": self.watch.received} if self.watch is not None else None
+        return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished", logs=tailer.sizes(),
+                            watch=watch)
 
-    def _finish(self, rc: int, signum, ranks: dict, reason: str, logs: dict | None = None) -> int:
+    def _finish(self, rc: int, signum, ranks: dict, reason: str, logs: dict | None = None,
+                watch: dict | None = None) -> int:
         result = {"ev": protocol.EXIT, "rc": rc, "signal": signum, "ranks": {str(k): v for k, v in ranks.items()},
-                  "reason": reason, "time": time.time(), "logs": logs or {}}
+                  "reason": reason, "time": time.time(), "logs": logs or {}, "watch": watch}
         try:
             with open(os.path.join(self.run_dir, "exit.json"), "w") as f:
                 json.dump(result, f)

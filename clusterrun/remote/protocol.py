@@ -14,8 +14,13 @@ Events of ``agent.py run``:
 * ``launcher`` (text): a line of torchrun's own output. ``error`` (text): torchrun could not start.
 * ``rank_failed`` (rank, local_rank, rc, signal, time): torchrun saw a worker fail.
 * ``pong``: the answer to ``ping``.
-* ``exit`` (rc, signal, reason, ranks, logs, time): always last, sent after every byte of every rank file;
-  ``logs`` gives each rank file's size and line count: ``{"<rank>/<stream>": {"bytes", "sent", "lines"}}``.
+* ``watching`` (port, address, nic; or error): the data-path watch listens (see pathwatch.py), or why not.
+* ``path`` (peer, address, nic, state, since, time): a watched path is ``lost`` (no answer since ``since``) or
+  ``ok`` again.
+* ``stack`` (rank, how, pid; payload: the dump's text) per worker after ``stacks``, then ``stacks_done`` (count).
+* ``exit`` (rc, signal, reason, ranks, logs, watch, time): always last, sent after every byte of every rank
+  file; ``logs`` gives each rank file's size and line count: ``{"<rank>/<stream>": {"bytes", "sent", "lines"}}``;
+  ``watch`` the datagrams the watch sent and received.
 
 Events of ``agent.py collect``: ``swept`` (pids) or ``alive`` (pids), then per rank file ``log`` (rank, stream,
 bytes, lines, from, skipped_bytes, skipped_lines) and its ``out`` events, then ``record`` (exit: the node's
@@ -23,7 +28,9 @@ exit.json or null). Events of ``agent.py exec``: ``line`` (stream, text), then `
 
 clusterrun -> agent (``run`` and ``exec``): lines on stdin. ``ping`` (answered by ``pong``; without one for the
 heartbeat timeout the agent stops its job), ``term`` (SIGTERM, SIGKILL after the grace period), ``kill`` (at
-once). The end of stdin stops the job too, unless the run is detached.
+once), ``watch <json>`` (the data-path watch's targets: a list of {node, address, port}), ``stacks`` (dump
+every worker's stack: py-spy, or the faulthandler hook of stackhook.py). The end of stdin
+stops the job too, unless the run is detached.
 
 Standard library only: this module travels to the nodes with the agent.
 """
@@ -39,9 +46,11 @@ from typing import Any
 STARTED, OUT, LAUNCHER, ERROR, RANK_FAILED, PONG, EXIT = ("started", "out", "launcher", "error", "rank_failed",
                                                           "pong", "exit")
 SWEPT, ALIVE, LOG, RECORD, LINE = "swept", "alive", "log", "record", "line"
+WATCHING, PATH = "watching", "path"
+STACK, STACKS_DONE = "stack", "stacks_done"
 STREAM_ERROR = "stream_error"  # made by clusterrun's reader when a stream fails, never sent by an agent
 # Commands (clusterrun -> agent), one per line on the agent's stdin.
-PING, TERM, KILL = "ping", "term", "kill"
+PING, TERM, KILL, WATCH, STACKS = "ping", "term", "kill", "watch", "stacks"
 
 
 def encode(event: dict[str, Any], payload: bytes = b"") -> bytes:

@@ -1,0 +1,249 @@
+"""Watching a running job: its data paths (:class:`DataPathWatch`, the orchestrator's side of
+:mod:`clusterrun.remote.pathwatch`) and its silence (:class:`HangWatch`, every rank's stack when no rank has
+printed anything for ``--hang-timeout`` seconds).
+
+Pure logic, driven by the supervisor's loop: which node watches which (every node watches the node of
+rank 0 and the next node in the ring, so every node is watched by at least one other and the master by
+all), and, when paths are reported lost, which node is at fault. A dead NIC makes every path through
+it fail, seen from both ends: after the first loss the verdict waits ``settle`` seconds for the others,
+then blames the node that appears in the most lost paths (the reporting node on a tie: its own paths
+failed). The verdict names the node, its NIC, the peer it stopped reaching and when.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clusterrun.facts.stacks import digest
+
+SETTLE = 2.0  # seconds to gather the other ends' reports of a failure before naming a node
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    node: str
+    address: str
+    nic: str | None
+
+
+@dataclass(frozen=True)
+class PathLoss:
+    node: str  # the node that reported it
+    nic: str | None
+    peer: str
+    peer_address: str
+    since: float  # wall time of the last answer (of the watch's start, when it never answered)
+    answered: bool = True  # False: the peer never answered at all
+
+
+@dataclass(frozen=True)
+class Verdict:
+    node: str  # the node at fault
+    loss: PathLoss  # the reported path that names it best
+    paths: tuple[PathLoss, ...]
+    also: tuple[str, ...] = ()  # nodes just as likely at fault (two nodes that lost each other)
+
+    def detail(self) -> str:
+        """What happened, without the node's name in front."""
+        when = time.strftime("%H:%M:%S", time.localtime(self.loss.since))
+        nic = self.loss.nic or "its data NIC"
+        lost = f"stopped reaching {{}} at {when}" if self.loss.answered else "never reached {}"
+        if self.also:
+            return (f"it and {' and '.join(self.also)} {lost.format('each other')} on the data network ({nic}); "
+                    "the job is waiting on it (with two nodes, which end is at fault cannot be told: `clusterrun "
+                    "doctor` checks each)")
+        if self.loss.node == self.node:
+            return (f"{nic} {lost.format(f'{self.loss.peer} ({self.loss.peer_address})')}; the job is waiting on it")
+        return (f"stopped answering on its data address ({self.loss.peer_address}) at {when}, as seen from "
+                f"{self.loss.node} ({nic}); the job is waiting on it")
+
+    def describe(self) -> str:
+        return f"{self.node}: {self.detail()}"
+
+
+@dataclass
+class PathWatchState:
+    """What the watch knows: each node's watch port, the losses not judged yet, the verdicts given."""
+
+    endpoints: dict[str, Endpoint]  # node -> where its watch listens (address and NIC)
+    order: Sequence[str]  # node names by node rank
+    settle: float = SETTLE
+    ports: dict[str, int] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)  # node -> why it cannot watch
+    pending: list[PathLoss] = field(default_factory=list)
+    due: float | None = None  # monotonic time of the next verdict
+    blamed: set[str] = field(default_factory=set)
+
+    def targets_of(self, node: str) -> list[dict[str, Any]]:
+        """The node of rank 0 and the next node in the ring (those whose watch is up), for ``node`` to probe."""
+        index = list(self.order).index(node)
+        names = [self.order[0], self.order[(index + 1) % len(self.order)]]
+        out = []
+        for name in dict.fromkeys(names):
+            if name != node and name in self.ports:
+                out.append({"node": name, "address": self.endpoints[name].address, "port": self.ports[name]})
+        return out
+
+    def ready(self) -> bool:
+        """Every node has said whether its watch is up: time to hand out targets."""
+        return len(self.ports) + len(self.unavailable) == len(self.order)
+
+    def lost(self, loss: PathLoss, now: float) -> None:
+        self.pending.append(loss)
+        if self.due is None:
+            self.due = now + self.settle
+
+    def verdict(self, now: float, ended: set[str]) -> Verdict | None:
+        """The node at fault once the settle time has passed (None before, or when every loss involves a node
+        whose job already ended: its watch is gone, not its path)."""
+        if self.due is None or now < self.due:
+            return None
+        # A loss with an end already blamed or already finished is explained (its watch is gone, not its path).
+        gone = ended | self.blamed
+        losses = [p for p in self.pending if p.node not in gone and p.peer not in gone]
+        self.pending, self.due = [], None
+        if not losses:
+            return None
+        count = Counter(n for p in losses for n in (p.node, p.peer))
+        top = max(count.values())
+        reporters = Counter(p.node for p in losses)
+        # The most involved node; on a tie, the one that reported the most losses (its own paths failed).
+        candidates = [n for n, c in count.items() if c == top]
+        best = max(reporters[n] for n in candidates)
+        tied = sorted((n for n in candidates if reporters[n] == best), key=list(self.order).index)
+        culprit = tied[0]
+        self.blamed.update(tied)
+        own = [p for p in losses if p.node == culprit]
+        return Verdict(culprit, own[0] if own else next(p for p in losses if p.peer == culprit), tuple(losses),
+                       also=tuple(tied[1:]))
+
+
+class DataPathWatch:
+    """The supervisor's side of the watch: hands out targets, turns ``path`` events into verdicts.
+
+    ``send(node, line)`` writes a command to a node's agent; ``say(text)`` tells the user; ``record(event)`` adds
+    to the run's events (time, node, kind, text); ``lost(verdict)`` is called once per node found at fault (the
+    supervisor stops the job, or only warns).
+    """
+
+    def __init__(self, state: PathWatchState, send: Callable[[str, str], object], say: Callable[[str], None],
+                 lost: Callable[[Verdict], None], record: Callable[[dict[str, Any]], None],
+                 start_wait: float = 15.0) -> None:
+        self.state = state
+        self.send, self.say, self.lost, self.record = send, say, lost, record
+        self.started = time.monotonic()
+        self.start_wait = start_wait  # after this, targets go out even if a node never said where it listens
+        self.sent = False
+
+    def on_watching(self, node: str, event: Mapping[str, Any]) -> None:
+        if event.get("error"):
+            self.state.unavailable[node] = str(event["error"])
+            self.say(f"{node}: the data-path watch is off there: {event['error']}")
+        elif event.get("port"):
+            self.state.ports[node] = int(event["port"])
+
+    def on_path(self, node: str, event: Mapping[str, Any], now: float, stopping: bool) -> None:
+        if stopping:
+            return
+        peer = str(event.get("peer"))
+        address, nic = str(event.get("address")), event.get("nic")
+        if event.get("state") == "lost":
+            self.state.lost(PathLoss(node, nic, peer, address, float(event.get("since") or time.time()),
+                                     bool(event.get("answered", True))), now)
+            self.record({"time": time.time(), "node": node, "kind": "path-lost",
+                                "text": f"{nic or 'data NIC'} gets no answer from {peer} ({address})"})
+        else:
+            self.record({"time": time.time(), "node": node, "kind": "path-ok",
+                                "text": f"{nic or 'data NIC'} reaches {peer} ({address}) again"})
+            if peer in self.state.blamed or node in self.state.blamed:
+                self.say(f"{node}: {nic or 'its data NIC'} reaches {peer} ({address}) again")
+
+    def tick(self, now: float, ended: set[str]) -> None:
+        if not self.sent and (self.state.ready() or now - self.started > self.start_wait):
+            self.sent = True
+            for node in self.state.ports:
+                targets = self.state.targets_of(node)
+                if targets:
+                    self.send(node, f"watch {json.dumps(targets, separators=(',', ':'))}\n")
+        verdict = self.state.verdict(now, ended)
+        if verdict is not None:
+            self.record({"time": time.time(), "node": verdict.node, "kind": "path-verdict",
+                                "text": verdict.describe()})
+            self.lost(verdict)
+
+
+class HangWatch:
+    """``--hang-timeout``: when no rank has printed anything for that long, every rank's stack, and a digest.
+
+    ``send_all(line)`` writes a command to every running agent; ``save(node, rank, how, text)`` keeps one
+    rank's dump (runs/<id>/<node>/stack-rank<R>.txt) and returns where; ``say``, ``record`` as for
+    :class:`DataPathWatch`; ``stop(reason)`` is called with ``on_hang == "stop"`` once the digest is out.
+    """
+
+    COLLECT_FOR = 30.0  # seconds to wait for every node's dumps
+
+    def __init__(self, timeout: float, on_hang: str, nodes: Sequence[str], send_all: Callable[[str], object],
+                 save: Callable[[str, int, str, str], str], say: Callable[[str], None],
+                 record: Callable[[dict[str, Any]], None], stop: Callable[[str], None]) -> None:
+        self.timeout, self.on_hang = timeout, on_hang
+        self.nodes = list(nodes)
+        self.send_all, self.save, self.say, self.record, self.stop = send_all, save, say, record, stop
+        self.last_output = time.monotonic()
+        self.collecting_since: float | None = None
+        self.diagnosed_at: float | None = None  # this silence was diagnosed (a reminder follows every timeout)
+        self.dumps: dict[int, str] = {}
+        self.done: set[str] = set()
+        self.where: list[str] = []
+
+    def output(self, now: float) -> None:
+        self.last_output = now
+        if self.diagnosed_at is not None and self.collecting_since is None:
+            self.diagnosed_at = None  # output again: a new silence may be diagnosed again
+            self.say("the job prints again")
+
+    def on_stack(self, node: str, event: Mapping[str, Any], payload: bytes) -> None:
+        rank = int(event.get("rank", -1))
+        text = payload.decode("utf-8", errors="replace")
+        self.dumps[rank] = text if event.get("how") != "none" else ""
+        self.where.append(self.save(node, rank, str(event.get("how")), text))
+
+    def on_done(self, node: str) -> None:
+        self.done.add(node)
+
+    def tick(self, now: float, running: set[str], stopping: bool) -> None:
+        silent = now - self.last_output
+        if stopping:
+            return
+        if self.collecting_since is None and self.diagnosed_at is None and silent >= self.timeout:
+            self.collecting_since, self.dumps, self.done, self.where = now, {}, set(), []
+            self.say(f"no rank has printed anything for {silent:.0f}s: taking every rank's stack")
+            self.record({"time": time.time(), "node": "-", "kind": "hang",
+                         "text": f"no output from any rank for {silent:.0f}s"})
+            self.send_all("stacks\n")
+            return
+        if self.collecting_since is not None:
+            if not (running <= self.done) and now - self.collecting_since < self.COLLECT_FOR:
+                return
+            self._digest(now, silent)
+            return
+        if self.diagnosed_at is not None and self.on_hang == "wait" and now - self.diagnosed_at >= self.timeout:
+            self.diagnosed_at = now
+            self.say(f"still no output for {silent:.0f}s (--on-hang wait); the stacks above are where the ranks "
+                     "were; Ctrl-C stops the job")
+
+    def _digest(self, now: float, silent: float) -> None:
+        self.collecting_since, self.diagnosed_at = None, now
+        lines = digest(self.dumps) if self.dumps else ["no rank's stack could be taken (no worker found)"]
+        where = sorted({str(Path(p).parent) for p in self.where})
+        self.say("where the ranks are:\n" + "\n".join(f"    {line}" for line in lines)
+                 + (f"\n  stacks in {', '.join(where)}/stack-rank<R>.txt" if where else ""))
+        self.record({"time": time.time(), "node": "-", "kind": "hang-stacks", "text": "; ".join(lines)})
+        if self.on_hang == "stop":
+            self.stop(f"no rank printed anything for {silent:.0f}s (--hang-timeout {self.timeout:g}); "
+                      + "; ".join(lines))

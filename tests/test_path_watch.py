@@ -1,0 +1,132 @@
+"""The data-path watch on the simulated cluster: a data NIC that stops passing traffic mid-run is named in
+seconds, with its node and the peer it stopped reaching; the job is stopped (or, with --on-path-loss warn,
+left running); nothing is left on any node."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from simcluster import SimCluster
+from simjobs import run_clusterrun, start_clusterrun, status, the_run, write_inventory
+from test_ssh_up import _wait_for_lines, assert_nothing_left
+
+pytestmark = pytest.mark.cluster
+
+ALLREDUCE_LOOP = """
+import datetime, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))  # gloo alone would wait 5 minutes
+t = torch.ones(1024)
+for step in range(100000):
+    dist.all_reduce(t)
+    if step % 10 == 0:
+        print("step", step, "rank", dist.get_rank(), flush=True)
+    time.sleep(0.05)
+"""
+
+QUIET_JOB = """
+import os, time
+print("working", os.environ["RANK"], flush=True)
+time.sleep(16)
+print("done", os.environ["RANK"], flush=True)
+"""
+
+
+def test_dead_data_nic_is_named_and_the_job_stopped_within_seconds(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 4, nproc=1)
+    (tmp_path / "loop.py").write_text(ALLREDUCE_LOOP)
+    proc = start_clusterrun("up", str(inv), "loop.py", cwd=tmp_path)
+    try:
+        _wait_for_lines(proc, 8, "step")  # every rank is training (twice)
+        run = the_run(tmp_path)
+        sim_cluster.drop_nic("node2", "data")
+        fault = time.monotonic()
+        _out, err = proc.communicate(timeout=90)
+        took = time.monotonic() - fault
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    nic, master = sim_cluster.nodes[2].data_nic, sim_cluster.nodes[0].data_ip
+    assert f"node2: its data path died: {nic} stopped reaching node0 ({master}) at " in err, err
+    assert took < 30, f"the run ended {took:.1f}s after the fault"
+    st = status(run)
+    assert st["first_failure"]["node"] == "node2" and st["first_failure"]["detail"].startswith("its data path died: ")
+    assert [e["node"] for e in st["events"] if e["kind"] == "path-verdict"] == ["node2"]
+    assert all(n["received"] > 0 for n in st["watch"].values())  # the watch ran on every node
+    shown = run_clusterrun("status", run.name, cwd=tmp_path).stdout
+    assert "node2: path-verdict: node2: eth1 stopped reaching node0" in shown.replace(nic, "eth1"), shown
+    assert_nothing_left(sim_cluster, run.name, timeout=15)
+
+
+def test_on_path_loss_warn_reports_and_lets_the_job_run(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 3, nproc=1)
+    (tmp_path / "quiet.py").write_text(QUIET_JOB)
+    proc = start_clusterrun("up", str(inv), "quiet.py", "--on-path-loss", "warn", cwd=tmp_path)
+    try:
+        _wait_for_lines(proc, 3, "working")
+        run = the_run(tmp_path)
+        sim_cluster.drop_nic("node1", "data")
+        deadline = time.monotonic() + 30
+        while "path-verdict" not in str(status(run).get("events")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # The job would stay blocked in torchrun's exit barrier without its data network: bring it back.
+        sim_cluster.restore_nic("node1", "data")
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "node1: " in err and "(--on-path-loss warn: the job goes on)" in err
+    st = status(run)
+    assert st["state"] == "succeeded"
+    assert any(n.startswith("node1: ") and "stopped reaching" in n for n in st["notes"])
+    assert_nothing_left(sim_cluster, run.name)
+
+
+ONE_RANK_STUCK = """
+import time
+print("importing torch", flush=True)  # output at every step of the start, so only the hang is silent
+import torch, torch.distributed as dist
+
+def stuck_here():
+    time.sleep(300)
+
+def train():
+    print("joining", flush=True)
+    dist.init_process_group("gloo")
+    t = torch.ones(8)
+    for _ in range(3):
+        dist.all_reduce(t)
+    print("warmed up", dist.get_rank(), flush=True)
+    if dist.get_rank() == 3:
+        stuck_here()
+    dist.all_reduce(t)
+
+train()
+"""
+
+
+def test_hang_gets_every_ranks_stack_and_names_the_stuck_one(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """Rank 3 sleeps while the others wait for it in all_reduce; nothing prints. The nodes have no py-spy on
+    their PATH: the stacks come from the faulthandler hook clusterrun installs in every worker."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=2)
+    (tmp_path / "stuck.py").write_text(ONE_RANK_STUCK)
+    done = run_clusterrun("up", str(inv), "stuck.py", "--hang-timeout", "10", "--on-hang", "stop", cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "no rank has printed anything for" in done.stderr
+    assert "ranks 0-2 in all_reduce (stuck.py:18)" in done.stderr, done.stderr
+    assert "rank 3 in stuck_here (stuck.py:7)   <- the odd one out" in done.stderr
+    run = the_run(tmp_path)
+    for rank in range(4):
+        saved = (run / f"node{rank // 2}" / f"stack-rank{rank}.txt").read_text()
+        assert saved.startswith(f"# rank {rank} on node{rank // 2}, taken with faulthandler")
+        assert 'in train' in saved
+    st = status(run)
+    assert [e["kind"] for e in st["events"] if e["kind"].startswith("hang")] == ["hang", "hang-stacks"]
+    assert st["first_failure"]["detail"].startswith("hung: no rank printed anything")
+    assert_nothing_left(sim_cluster, run.name)

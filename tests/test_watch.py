@@ -1,0 +1,102 @@
+"""The data-path watch: who watches whom, which node a set of lost paths blames, and the probes themselves."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from clusterrun.launch.watch import Endpoint, PathLoss, PathWatchState
+from clusterrun.remote.pathwatch import PathWatch
+
+
+def _state(n: int) -> PathWatchState:
+    names = [f"n{i}" for i in range(n)]
+    state = PathWatchState({m: Endpoint(m, f"10.0.0.{i + 1}", "eth1") for i, m in enumerate(names)}, names, settle=2.0)
+    for i, m in enumerate(names):
+        state.ports[m] = 40000 + i
+    return state
+
+
+def _loss(node: str, peer: str, since: float = 1_700_000_000.0) -> PathLoss:
+    return PathLoss(node, "eth1", peer, f"10.0.0.{int(peer[1:]) + 1}", since)
+
+
+def test_every_node_watches_the_master_and_its_ring_neighbour() -> None:
+    state = _state(4)
+    assert [t["node"] for t in state.targets_of("n0")] == ["n1"]
+    assert [t["node"] for t in state.targets_of("n2")] == ["n0", "n3"]
+    assert [t["node"] for t in state.targets_of("n3")] == ["n0"]
+    assert state.targets_of("n1")[0] == {"node": "n0", "address": "10.0.0.1", "port": 40000}
+    assert state.ready()
+
+
+@pytest.mark.parametrize(("dead", "reports"), [
+    ("n2", [("n2", "n0"), ("n2", "n3"), ("n1", "n2")]),  # a worker's NIC: its own paths and its watcher's
+    ("n0", [("n1", "n0"), ("n2", "n0"), ("n3", "n0"), ("n0", "n1")]),  # the master's NIC
+])
+def test_the_node_in_most_lost_paths_is_blamed_after_the_settle_time(dead: str, reports: list[tuple[str, str]]) -> None:
+    state = _state(4)
+    for node, peer in reports:
+        state.lost(_loss(node, peer), now=100.0)
+    assert state.verdict(101.0, ended=set()) is None  # still gathering the other ends
+    verdict = state.verdict(102.5, ended=set())
+    assert verdict is not None and verdict.node == dead and not verdict.also
+    text = verdict.describe()
+    assert text.startswith(f"{dead}: eth1 stopped reaching ") and text.endswith("the job is waiting on it")
+    state.lost(_loss(reports[0][0], reports[0][1]), now=103.0)
+    assert state.verdict(106.0, ended=set()) is None  # blamed once
+
+
+def test_two_nodes_that_lost_each_other_are_both_named() -> None:
+    state = _state(2)
+    state.lost(_loss("n0", "n1"), 10.0)
+    state.lost(_loss("n1", "n0"), 10.5)
+    verdict = state.verdict(13.0, ended=set())
+    assert verdict is not None and {verdict.node, *verdict.also} == {"n0", "n1"}
+    assert verdict.describe().startswith("n0: it and n1 stopped reaching each other")
+
+
+def test_a_peer_whose_job_ended_is_not_a_dead_path() -> None:
+    state = _state(3)
+    state.lost(_loss("n1", "n2"), 10.0)
+    assert state.verdict(20.0, ended={"n2"}) is None
+
+
+def _watch_pair(dead_after: float) -> tuple[PathWatch, PathWatch, list[tuple[str, bool]]]:
+    changes: list[tuple[str, bool]] = []
+    a = PathWatch("127.0.0.1", lambda t, lost: changes.append((t.node, lost)), interval=0.05, dead_after=dead_after)
+    b = PathWatch("127.0.0.1", lambda t, lost: None, interval=0.05, dead_after=dead_after)
+    a.set_targets([{"node": "b", "address": "127.0.0.1", "port": b.port}])
+    return a, b, changes
+
+
+def _until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_probes_get_answers_and_silence_is_a_lost_path_then_ok_again() -> None:
+    a, b, changes = _watch_pair(dead_after=0.3)
+    a.start()
+    b.start()
+    try:
+        assert _until(lambda: a.received > 3)  # answers arrive: nothing to report
+        assert changes == []
+        b.stop()  # b's socket closes: no more answers
+        assert _until(lambda: changes == [("b", True)])
+        assert _until(lambda: not b.is_alive())
+        c = PathWatch("127.0.0.1", lambda t, lost: None, interval=0.05, port=b.port)  # the peer answers again
+        c.start()
+        try:
+            assert _until(lambda: changes[-1] == ("b", False))
+        finally:
+            c.stop()
+    finally:
+        a.stop()
+        b.stop()
