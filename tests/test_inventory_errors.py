@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun.errors import InventoryError
-from clusterrun.inventory.yaml_source import load_inventory
+from clusterrun.inventory.yaml_source import load_inventory, parse_inventory_text
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -215,3 +215,12 @@ def test_shipped_inventories_load() -> None:
     assert len(files) >= 3
     for path in files:
         assert load_inventory(path).nodes
+
+
+def test_run_section_is_read_and_a_bad_webhook_is_named_at_its_line() -> None:
+    inv = parse_inventory_text("run: {hang_timeout: 600, notify: ['https://hooks.example/x']}\n"
+                               "nodes: [{name: a, host: 10.0.0.1}]\n", "inv.yaml")
+    assert inv.run.hang_timeout == 600 and inv.run.notify == ["https://hooks.example/x"]
+    with pytest.raises(InventoryError) as info:
+        parse_inventory_text("run:\n  notify: [hooks.example/x]\nnodes: [{name: a, host: 10.0.0.1}]\n", "inv.yaml")
+    assert str(info.value).startswith("inv.yaml:2:")

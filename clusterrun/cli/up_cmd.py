@@ -54,24 +54,27 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
               help="Stop the job (exit 124) if it runs longer than this; by default it may run forever.")
 @click.option("--grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
               help="After a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.")
-@click.option("--path-watch/--no-path-watch", default=True, show_default=True,
+@click.option("--path-watch/--no-path-watch", default=None,
               help="While the job runs, every node checks its data paths (to rank 0's node and to the next node) "
-              "with small UDP probes every second; a path silent for 5 s is named with its node and NIC.")
-@click.option("--on-path-loss", type=click.Choice(["stop", "warn"]), default="stop", show_default=True,
+              "with small UDP probes every second; a path silent for 5 s is named with its node and NIC "
+              "(default: on; inventory run.path_watch).")
+@click.option("--on-path-loss", type=click.Choice(["stop", "warn"]), default=None,
               help="What a dead data path does: stop the job (its ranks would only wait for NCCL's or gloo's "
-              "timeout), or warn and let it run.")
+              "timeout), or warn and let it run (default: stop; inventory run.on_path_loss).")
 @click.option("--hang-timeout", type=click.FloatRange(1, None), metavar="SECONDS",
               help="When no rank has printed anything for this long, take every rank's stack (py-spy, or a "
-              "faulthandler hook clusterrun installs) and print where each rank is; off by default.")
-@click.option("--on-hang", type=click.Choice(["wait", "stop"]), default="wait", show_default=True,
-              help="After the stacks of a hang: wait (a reminder every --hang-timeout) or stop the job.")
+              "faulthandler hook clusterrun installs) and print where each rank is (default: off; inventory "
+              "run.hang_timeout).")
+@click.option("--on-hang", type=click.Choice(["wait", "stop"]), default=None,
+              help="After the stacks of a hang: wait (a reminder every --hang-timeout) or stop the job (default: "
+              "wait; inventory run.on_hang).")
 @click.option("--notify", "notify", multiple=True, metavar="URL",
               help="POST a small JSON document (with a Slack-style `text`) to URL when the run starts, fails and "
-              "ends; repeatable. A slow or dead webhook never delays the run.")
+              "ends; repeatable, added to the inventory's run.notify. A slow or dead webhook never delays the run.")
 @with_job
 def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool,
-       preflight_mode: str, detach: bool, time_limit: float | None, grace: float, path_watch: bool,
-       on_path_loss: str, hang_timeout: float | None, on_hang: str, notify: tuple[str, ...]) -> int:
+       preflight_mode: str, detach: bool, time_limit: float | None, grace: float, path_watch: bool | None,
+       on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None, notify: tuple[str, ...]) -> int:
     """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
 
     clusterrun computes each node's rank, the master address on the data network and the
@@ -97,10 +100,10 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     full_check = None
     if preflight_mode == "full":
         from clusterrun.doctor.gate import full_check
-    settings = SupervisorSettings(grace=grace, timeout=time_limit, path_watch=path_watch, on_path_loss=on_path_loss,
-                                  hang_timeout=hang_timeout, on_hang=on_hang)
+    settings = SupervisorSettings.for_run(inv.run, grace=grace, timeout=time_limit, path_watch=path_watch,
+                                          on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang)
     outcome, run_dir = execute(inv, plan, runs_dir, console, settings, preflight_mode, detach=detach,
-                               full_check=full_check, notify=notify)
+                               full_check=full_check, notify=[*inv.run.notify, *notify])
     if outcome is None:
         click.echo(plan.run_id)
         click.echo(f"clusterrun: detached: run {plan.run_id} goes on without clusterrun; follow it with "

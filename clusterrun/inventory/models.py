@@ -168,6 +168,18 @@ class Network(_Model):
         return ipaddress.ip_network(self.data) if "/" in self.data else None
 
 
+class RunSettings(_Model):
+    """How `up` watches a run while it trains; a flag on the command line wins over each."""
+
+    path_watch: bool = Field(default=True, description="the nodes check the job's data paths with UDP probes")
+    on_path_loss: Literal["stop", "warn"] = Field(default="stop", description="what a dead data path does")
+    hang_timeout: Annotated[float, Field(ge=1)] | None = Field(
+        default=None, description="seconds without output from any rank before every rank's stack is taken")
+    on_hang: Literal["wait", "stop"] = Field(default="wait", description="after the stacks of a hang")
+    notify: list[Annotated[str, Field(pattern=r"^https?://")]] = Field(
+        default_factory=list, description="webhook URLs told of the start, the first failure and the end")
+
+
 def _gpus_from_count(value: object) -> object:
     # `gpus: 8` means indices 0..7; a list is taken as given.
     if isinstance(value, int) and not isinstance(value, bool):
@@ -221,6 +233,7 @@ class Inventory(_Model):
     version: Literal[1] = 1
     defaults: Defaults = Defaults()
     network: Network = Network()
+    run: RunSettings = RunSettings()
     nodes: list[Node]
 
     @model_validator(mode="after")

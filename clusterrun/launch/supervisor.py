@@ -26,6 +26,7 @@ from typing import Any
 
 from clusterrun import remote
 from clusterrun.errors import EXIT_TIMEOUT, StartError
+from clusterrun.inventory.models import RunSettings
 from clusterrun.launch.agent_cmd import agent_spec, run_argv
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
@@ -60,6 +61,15 @@ class SupervisorSettings:
     watch_dead_after: float = 5.0  # seconds without an answer before a path is lost
     hang_timeout: float | None = None  # no output from any rank for this long: every rank's stack, a digest
     on_hang: str = "wait"  # or "stop": after the digest, stop the job
+
+    @classmethod
+    def for_run(cls, run: RunSettings, *, grace: float, timeout: float | None, path_watch: bool | None = None,
+                on_path_loss: str | None = None, hang_timeout: float | None = None,
+                on_hang: str | None = None) -> SupervisorSettings:
+        """The inventory's ``run`` settings, with each value given on the command line (not None) winning."""
+        return cls(grace=grace, timeout=timeout, path_watch=run.path_watch if path_watch is None else path_watch,
+                   on_path_loss=on_path_loss or run.on_path_loss, hang_timeout=hang_timeout or run.hang_timeout,
+                   on_hang=on_hang or run.on_hang)
 
 
 class Supervisor:
