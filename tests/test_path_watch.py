@@ -130,3 +130,31 @@ def test_hang_gets_every_ranks_stack_and_names_the_stuck_one(sim_cluster: SimClu
     assert [e["kind"] for e in st["events"] if e["kind"].startswith("hang")] == ["hang", "hang-stacks"]
     assert st["first_failure"]["detail"].startswith("hung: no rank printed anything")
     assert_nothing_left(sim_cluster, run.name)
+
+
+SLOW_NODE1 = """
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(8)
+end = time.time() + 16
+while True:
+    if dist.get_rank() == 1:
+        busy = time.time() + 0.2
+        while time.time() < busy:  # a slower machine: more time on the same work
+            pass
+    flag = torch.tensor([1.0 if time.time() < end else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # the first rank past the end stops all at the same step
+    if flag.item() == 0.0:
+        break
+print("done", dist.get_rank(), flush=True)
+"""
+
+
+def test_a_slow_node_is_named_as_a_straggler(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 3, nproc=1)
+    (tmp_path / "slow.py").write_text(SLOW_NODE1)
+    done = run_clusterrun("up", str(inv), "slow.py", cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "node1 looks like a straggler" in done.stderr, done.stderr
+    assert "node0 looks like" not in done.stderr and "node2 looks like" not in done.stderr
+    assert [e["node"] for e in status(the_run(tmp_path))["events"] if e["kind"] == "straggler"] == ["node1"]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from clusterrun.launch.watch import Endpoint, PathLoss, PathWatchState
+from clusterrun.launch.watch import Endpoint, PathLoss, PathWatchState, StragglerWatch
 from clusterrun.remote.pathwatch import PathWatch
 
 
@@ -100,3 +100,26 @@ def test_probes_get_answers_and_silence_is_a_lost_path_then_ok_again() -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_node_busy_while_the_others_wait_is_named_once() -> None:
+    said: list[str] = []
+    events: list[dict] = []
+    watch = StragglerWatch(said.append, events.append, windows=3)
+    for _ in range(3):
+        watch.on_load("n0", {"cpu": {"0": 0.10, "1": 0.12}})
+        watch.on_load("n1", {"cpu": {"2": 0.95, "3": 0.97}})
+        watch.on_load("n2", {"cpu": {"4": 0.15, "5": 0.11}})
+    watch.on_load("n1", {"cpu": {"2": 0.99}})
+    assert len(said) == 1 and said[0].startswith("n1 looks like a straggler: its ranks kept")
+    assert [e["node"] for e in events] == ["n1"]
+
+
+def test_evenly_busy_nodes_are_no_stragglers() -> None:
+    said: list[str] = []
+    watch = StragglerWatch(said.append, lambda _e: None, windows=2)
+    for _ in range(3):
+        for node in ("n0", "n1", "n2"):
+            watch.on_load(node, {"cpu": {"0": 0.9}})
+    watch.on_load("n3", {"cpu": {"9": 0.3}})
+    assert said == []

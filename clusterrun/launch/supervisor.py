@@ -31,7 +31,7 @@ from clusterrun.launch.agent_cmd import agent_spec, run_argv
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
 from clusterrun.launch.relay import LogRelay
-from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathWatchState, Verdict
+from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathWatchState, StragglerWatch, Verdict
 from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import protocol
@@ -61,6 +61,7 @@ class SupervisorSettings:
     watch_dead_after: float = 5.0  # seconds without an answer before a path is lost
     hang_timeout: float | None = None  # no output from any rank for this long: every rank's stack, a digest
     on_hang: str = "wait"  # or "stop": after the digest, stop the job
+    load_every: float = 3.0  # seconds between the agents' CPU reports (stragglers); 0: none
 
     @classmethod
     def for_run(cls, run: RunSettings, *, grace: float, timeout: float | None, path_watch: bool | None = None,
@@ -102,6 +103,7 @@ class Supervisor:
             self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, [n.name for n in plan.nodes],
                                   self._send_running, self._save_stack, self.console.info, self._record,
                                   lambda why: self._fail(Failure(plan.master.name, None, 1, None, f"hung: {why}")))
+        self.stragglers = StragglerWatch(self.console.info, self._record) if plan.nnodes > 1 else None
         self.watch: DataPathWatch | None = None
         if self.settings.path_watch and plan.nnodes > 1:
             ordered = sorted(plan.nodes, key=lambda n: n.node_rank)
@@ -117,6 +119,8 @@ class Supervisor:
                           heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name))
         if self.hang is not None:
             spec["stacks"] = {"hook": remote.source("stackhook")}
+        if self.stragglers is not None:
+            spec["load_every"] = self.settings.load_every
         if self.watch is not None:
             spec["watch"] = {"address": node.data_address, "nic": node.data_nic,
                              "interval": self.settings.watch_interval, "dead_after": self.settings.watch_dead_after}
@@ -189,6 +193,8 @@ class Supervisor:
                 rank.state, rank.exit_code, rank.signal = RankState.failed, event.get("rc"), event.get("signal")
                 rank.ended = event.get("time")
                 self._fail(Failure(name, rank.rank, rank.exit_code or 1, rank.signal, "exited while others ran"))
+        elif kind == protocol.LOAD and self.stragglers is not None:
+            self.stragglers.on_load(name, event)
         elif kind == protocol.STACK and self.hang is not None:
             self.hang.on_stack(name, event, item.payload)
         elif kind == protocol.STACKS_DONE and self.hang is not None:

@@ -247,3 +247,46 @@ class HangWatch:
         if self.on_hang == "stop":
             self.stop(f"no rank printed anything for {silent:.0f}s (--hang-timeout {self.timeout:g}); "
                       + "; ".join(lines))
+
+
+class StragglerWatch:
+    """One node's ranks busy while the others' wait for them: said once per node, nothing else is done.
+
+    In synchronous training every rank waits for the slowest at each collective, so a straggler is the node
+    whose ranks stay busy while the others idle. The agents report each rank's share of a CPU every few
+    seconds (``load`` events); a node whose ranks' mean share stays at least ``factor`` times the other
+    nodes' median, and at least ``busy``, over ``windows`` reports in a row is named.
+    """
+
+    def __init__(self, say: Callable[[str], None], record: Callable[[dict[str, Any]], None], *,
+                 windows: int = 3, busy: float = 0.5, factor: float = 2.0) -> None:
+        self.say, self.record = say, record
+        self.windows, self.busy, self.factor = windows, busy, factor
+        self.samples: dict[str, list[float]] = {}
+        self.said: set[str] = set()
+
+    def on_load(self, node: str, event: Mapping[str, Any]) -> None:
+        shares = [float(v) for v in (event.get("cpu") or {}).values()]
+        if not shares:
+            return
+        window = self.samples.setdefault(node, [])
+        window.append(sum(shares) / len(shares))
+        del window[:-self.windows]
+        self._judge()
+
+    def _judge(self) -> None:
+        full = {n: sum(w) / len(w) for n, w in self.samples.items() if len(w) == self.windows}
+        if len(full) < 2:
+            return
+        for node, share in full.items():
+            others = sorted(v for n, v in full.items() if n != node)
+            median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1]
+                                                                        + others[len(others) // 2]) / 2
+            if node in self.said or share < self.busy or share < self.factor * max(median, 0.05):
+                continue
+            self.said.add(node)
+            text = (f"{node} looks like a straggler: its ranks kept {share:.0%} of a CPU busy while the other "
+                    f"nodes' ranks used {median:.0%}, waiting for it (a slower or busier machine, or more work "
+                    "on its ranks); clusterrun does nothing about it")
+            self.say(text)
+            self.record({"time": time.time(), "node": node, "kind": "straggler", "text": text})

@@ -461,6 +461,24 @@ class Agent:
                 except (ValueError, KeyError, TypeError) as exc:
                     emit({"ev": protocol.WATCHING, "error": f"bad targets: {exc}"})
 
+    def _report_load(self, every: float) -> None:
+        """Every ``every`` seconds, each worker's share of one CPU since the last report (``load`` events)."""
+        last = {}
+        while not self.stopping.wait(every):
+            now = time.monotonic()
+            offset = int(self.spec.get("rank_offset", 0))
+            cpu = {}
+            for local_rank, pid in stacks.workers(descendants(os.getpid())).items():
+                used = stacks.cpu_seconds(pid)
+                if used is None:
+                    continue
+                before = last.get(pid)
+                last[pid] = (now, used)
+                if before is not None and now > before[0]:
+                    cpu[str(offset + local_rank)] = round((used - before[1]) / (now - before[0]), 3)
+            if cpu:
+                emit({"ev": protocol.LOAD, "cpu": cpu, "time": time.time()})
+
     def _dump_stacks(self) -> None:
         """Every worker's stack, one ``stack`` event each (the dump as payload), then ``stacks_done``."""
         found = stacks.workers(descendants(os.getpid()))
@@ -560,6 +578,9 @@ class Agent:
         tailer = Tailer(log_dir, int(self.spec.get("rank_offset", 0)))
         tailer.start()
         self._start_watch()
+        if float(self.spec.get("load_every") or 0) > 0 and not self.detached:
+            threading.Thread(target=self._report_load, args=(float(self.spec["load_every"]),), daemon=True,
+                             name="load").start()
         threading.Thread(target=self._watch_stdin, daemon=True).start()
         if self.heartbeat_timeout > 0 and not self.detached:
             threading.Thread(target=self._watch_heartbeat, daemon=True).start()

@@ -17,6 +17,7 @@ Events of ``agent.py run``:
 * ``watching`` (port, address, nic; or error): the data-path watch listens (see pathwatch.py), or why not.
 * ``path`` (peer, address, nic, state, since, time): a watched path is ``lost`` (no answer since ``since``) or
   ``ok`` again.
+* ``load`` (cpu: {rank: share of one CPU since the last report}, time): every few seconds, for stragglers.
 * ``stack`` (rank, how, pid; payload: the dump's text) per worker after ``stacks``, then ``stacks_done`` (count).
 * ``exit`` (rc, signal, reason, ranks, logs, watch, time): always last, sent after every byte of every rank
   file; ``logs`` gives each rank file's size and line count: ``{"<rank>/<stream>": {"bytes", "sent", "lines"}}``;
@@ -47,7 +48,7 @@ STARTED, OUT, LAUNCHER, ERROR, RANK_FAILED, PONG, EXIT = ("started", "out", "lau
                                                           "pong", "exit")
 SWEPT, ALIVE, LOG, RECORD, LINE = "swept", "alive", "log", "record", "line"
 WATCHING, PATH = "watching", "path"
-STACK, STACKS_DONE = "stack", "stacks_done"
+STACK, STACKS_DONE, LOAD = "stack", "stacks_done", "load"
 STREAM_ERROR = "stream_error"  # made by clusterrun's reader when a stream fails, never sent by an agent
 # Commands (clusterrun -> agent), one per line on the agent's stdin.
 PING, TERM, KILL, WATCH, STACKS = "ping", "term", "kill", "watch", "stacks"

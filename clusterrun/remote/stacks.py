@@ -62,6 +62,17 @@ def workers(pids):
     return ranked
 
 
+def cpu_seconds(pid):
+    """CPU time ``pid`` has used, with the children it waited for (data-loader processes): seconds, or None."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rfind(b")") + 2:].split()
+        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _py_spy(pid):
     tool = shutil.which("py-spy")
     if tool is None:
