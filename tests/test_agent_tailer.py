@@ -1,6 +1,6 @@
 """The node agent's side of the relay: rank files become whole records, fairly, and all of them at the end.
 
-The agent's events go to a real file here (``node_agent.OUT_FD``) and are read back with the
+The agent's events go to a real file here (``clusterrun.remote.wire.OUT_FD``) and are read back with the
 orchestrator's decoder, so both ends of the wire format are exercised.
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from clusterrun import remote
-from clusterrun.remote import agent as node_agent
+from clusterrun.remote import tailing
+from clusterrun.remote import wire as agent_wire
 from clusterrun.remote.protocol import Frame, frames
 
 
@@ -40,8 +41,8 @@ class Wire:
 def wire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Wire]:
     path = tmp_path / "wire"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    monkeypatch.setattr(node_agent, "OUT_FD", fd)
-    monkeypatch.setattr(node_agent, "_out_broken", False)
+    monkeypatch.setattr(agent_wire, "OUT_FD", fd)
+    monkeypatch.setattr(agent_wire, "_out_broken", False)
     try:
         yield Wire(path)
     finally:
@@ -56,7 +57,7 @@ def _append(path: Path, data: bytes) -> None:
 def test_only_whole_records_leave_until_the_file_is_final(tmp_path: Path, wire: Wire) -> None:
     log = tmp_path / "stdout.log"
     _append(log, b"one\ntwo\nthr")
-    f = node_agent.RankFile(str(log), 3, 1, "stdout")
+    f = tailing.RankFile(str(log), 3, 1, "stdout")
     f.pump()
     assert wire.outs() == [(3, "stdout", b"one\ntwo\n", False)]
     _append(log, b"ee\n\r 10%|bar|\r 20%|bar|")
@@ -70,7 +71,7 @@ def test_only_whole_records_leave_until_the_file_is_final(tmp_path: Path, wire: 
 def test_a_crlf_is_never_cut_between_its_two_bytes(tmp_path: Path, wire: Wire) -> None:
     log = tmp_path / "stdout.log"
     _append(log, b"windows line\r")
-    f = node_agent.RankFile(str(log), 0, 0, "stdout")
+    f = tailing.RankFile(str(log), 0, 0, "stdout")
     f.pump()
     assert wire.outs() == []
     _append(log, b"\n")
@@ -80,13 +81,13 @@ def test_a_crlf_is_never_cut_between_its_two_bytes(tmp_path: Path, wire: Wire) -
 
 def test_a_long_line_goes_out_in_open_pieces_and_the_other_stream_waits(tmp_path: Path, wire: Wire,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(node_agent, "MAX_RECORD", 1000)
-    monkeypatch.setattr(node_agent, "READ_CHUNK", 600)
+    monkeypatch.setattr(tailing, "MAX_RECORD", 1000)
+    monkeypatch.setattr(tailing, "READ_CHUNK", 600)
     root = tmp_path / "torchrun" / "run" / "attempt_0" / "0"
     root.mkdir(parents=True)
     _append(root / "stdout.log", b"a" * 2500)
     _append(root / "stderr.log", b"")
-    tailer = node_agent.Tailer(str(tmp_path / "torchrun"), rank_offset=4)
+    tailer = tailing.Tailer(str(tmp_path / "torchrun"), rank_offset=4)
     tailer._discover()
     for _ in range(3):
         tailer._round()
@@ -108,12 +109,12 @@ def test_a_long_line_goes_out_in_open_pieces_and_the_other_stream_waits(tmp_path
 
 def test_a_flooding_rank_does_not_starve_the_others(tmp_path: Path, wire: Wire,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(node_agent, "READ_CHUNK", 1000)
+    monkeypatch.setattr(tailing, "READ_CHUNK", 1000)
     for local in (0, 1):
         d = tmp_path / "torchrun" / "run" / "attempt_0" / str(local)
         d.mkdir(parents=True)
         _append(d / "stdout.log", (b"x" * 99 + b"\n") * (1000 if local == 0 else 3))
-    tailer = node_agent.Tailer(str(tmp_path / "torchrun"), rank_offset=0)
+    tailer = tailing.Tailer(str(tmp_path / "torchrun"), rank_offset=0)
     tailer._discover()
     tailer._round()
     assert {rank for rank, *_ in wire.outs()} == {0, 1}
@@ -124,7 +125,7 @@ def test_after_the_job_every_byte_goes_out_and_sizes_match(tmp_path: Path, wire:
     d.mkdir(parents=True)
     body = b"".join(f"line {i}\n".encode() for i in range(50_000)) + b"no newline at the end"
     _append(d / "stdout.log", body)
-    tailer = node_agent.Tailer(str(tmp_path / "torchrun"), rank_offset=8)
+    tailer = tailing.Tailer(str(tmp_path / "torchrun"), rank_offset=8)
     tailer.stop_event.set()
     tailer.start()
     assert tailer.done.wait(30)

@@ -5,6 +5,8 @@ agent.py            the node agent: runs torchrun in its own session, relays its
                     (modes ``run``, ``exec``, ``collect``, ``sweep``, ``ps``)
 protocol.py         the agent's wire protocol (events, payloads, commands): written by the agent, read by
                     clusterrun
+wire.py             the agent's output: events written whole
+tailing.py          the agent's reading of the rank log files, sent on as ``out`` events
 pathwatch.py        the agent's data-path watch: UDP probes to its peers, answers to theirs
 stacks.py           the agent's stack dumps of its workers (py-spy, or the hook below)
 stackhook.py        a sitecustomize for the workers: faulthandler on a signal, for stacks without py-spy
@@ -46,7 +48,7 @@ def _packed(name: str) -> str:
     return base64.b64encode(zlib.compress(source(name).encode(), 9)).decode("ascii")
 
 
-AGENT_MODULES = ("protocol", "pathwatch", "stacks")  # what the agent imports, sent with it
+AGENT_MODULES = ("protocol", "wire", "tailing", "pathwatch", "stacks")  # in import order  # what the agent imports, sent with it
 
 
 @lru_cache(maxsize=1)

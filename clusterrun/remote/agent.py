@@ -35,44 +35,18 @@ import threading
 import time
 
 if __package__:  # imported as part of clusterrun (by clusterrun itself, by tests)
-    from clusterrun.remote import pathwatch, protocol, stacks
+    from clusterrun.remote import pathwatch, protocol, stacks, tailing, wire
 else:  # run on a node: as a file beside its modules, or sent inline with them (see clusterrun.remote.argv)
     import pathwatch
     import protocol
     import stacks
+    import tailing
+    import wire
 
 RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 NODE_VAR = "CLUSTERRUN_NODE"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-READ_CHUNK = 128 << 10  # bytes read from one rank file per turn: one ``out`` frame at most this big
-MAX_RECORD = 1 << 20  # an unfinished line longer than this goes out in pieces (``open``) instead of being held
-TAIL_FAST, TAIL_SLOW = 0.01, 0.1  # seconds between looks at the rank files: right after data, and when idle
-
-OUT_FD = 1  # where events go: stdout, which is the ssh channel (tests point it at a file)
-_out_lock = threading.Lock()
-_out_broken = False
-_out_progress = time.monotonic()  # when a write last went through (a blocked stream stops moving it)
-
-
-def emit(event: dict, payload: bytes = b"") -> bool:
-    """Write one event (and its payload) with one write, so events never interleave. False once the stream is gone."""
-    global _out_broken, _out_progress
-    if _out_broken:
-        return False
-    data = protocol.encode(event, payload)
-    with _out_lock:
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(OUT_FD, view)
-                view = view[n:]
-                _out_progress = time.monotonic()
-        except OSError:
-            _out_broken = True  # the stream is gone; logs are still on disk
-            return False
-    return True
-
 
 def _prctl(option: int, value: int) -> bool:
     try:
@@ -199,177 +173,6 @@ def _reap() -> None:
 # ---------------------------------------------------------------- log tailing
 
 
-def _record_end(data: bytes) -> int:
-    """Length of the longest prefix of ``data`` made of whole records (each ending in \\n or \\r).
-
-    A \\r that is the last byte may be the first half of \\r\\n: that record waits for the next byte.
-    """
-    end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
-    if end == len(data) and data.endswith(b"\r"):
-        end = max(data.rfind(b"\n", 0, -1), data.rfind(b"\r", 0, -1)) + 1
-    return end
-
-
-class RankFile:
-    """One rank's stdout or stderr log, sent on as ``out`` events from ``offset`` on.
-
-    Only whole records leave (a line, or a progress bar's update ending in \\r), so lines of the rank's two
-    streams never mix in clusterrun's rank log; an unfinished record is held until its end arrives, or sent in
-    pieces (``open``) once it is longer than MAX_RECORD. ``sent`` and ``lines`` count what went out.
-    """
-
-    def __init__(self, path: str, rank: int, local_rank: int, stream: str, offset: int = 0) -> None:
-        self.path, self.rank, self.local_rank, self.stream = path, rank, local_rank, stream
-        self.offset = offset  # read up to here
-        self.sent = offset  # sent up to here (the rest of what was read is ``pending``)
-        self.lines = 0  # newlines sent
-        self.pending = b""
-        self.open = False  # a piece of an unfinished record went out: this stream owns the rank's log line
-        self.fh = None
-
-    def key(self) -> str:
-        return f"{self.rank}/{self.stream}"
-
-    def _open(self) -> bool:
-        if self.fh is None:
-            try:
-                self.fh = open(self.path, "rb")  # noqa: SIM115 - kept open while tailing
-            except OSError:
-                return False
-            if self.offset:
-                self.fh.seek(self.offset)
-        return True
-
-    def pump(self, final: bool = False) -> int:
-        """Read at most READ_CHUNK new bytes and send what forms whole records. Returns the bytes read.
-
-        ``final``: the file is complete (its writers are gone), so an unfinished last record goes out too.
-        """
-        if _out_broken or not self._open():
-            return 0  # nobody to send to (a detached run's connection is gone): the file stays as it is
-        chunk = self.fh.read(READ_CHUNK)
-        self.offset += len(chunk)
-        data = self.pending + chunk if self.pending else chunk
-        if not data:
-            return 0
-        at_end = final and not chunk
-        cut = len(data) if at_end or len(data) >= MAX_RECORD else _record_end(data)
-        if cut and not self._send(data[:cut], more=not at_end and data[cut - 1:cut] not in (b"\n", b"\r")):
-            return len(chunk)
-        self.pending = data[cut:]
-        return len(chunk)
-
-    def _send(self, data: bytes, more: bool) -> bool:
-        ok = emit({"ev": protocol.OUT, "rank": self.rank, "local_rank": self.local_rank, "stream": self.stream,
-                   "open": more}, data)
-        if ok:
-            self.sent += len(data)
-            self.lines += data.count(b"\n")
-            self.open = more
-        return ok
-
-    def drained(self) -> bool:
-        return not self.pending and self.fh is not None and self.offset >= os.fstat(self.fh.fileno()).st_size
-
-    def close(self) -> None:
-        if self.fh is not None:
-            self.fh.close()
-
-
-class Tailer(threading.Thread):
-    """Follows ``<log_dir>/*/attempt_*/<local_rank>/{stdout,stderr}.log`` as torchrun creates them.
-
-    Every file gets a turn of at most READ_CHUNK bytes in each round, so one flooding rank cannot starve the
-    others. After ``stop_event``, it reads every file to its end and sends all of it, then sets ``done``.
-    """
-
-    _PATH = re.compile(r"attempt_(\d+)/(\d+)/(stdout|stderr)\.log$")
-    DISCOVER_EVERY = 0.2  # seconds between looks for new rank files while data flows
-
-    def __init__(self, log_dir: str, rank_offset: int) -> None:
-        super().__init__(daemon=True, name="tailer")
-        self.log_dir, self.rank_offset = log_dir, rank_offset
-        self.files: dict = {}
-        self.started_at: dict = {}
-        self.stop_event = threading.Event()
-        self.done = threading.Event()
-        self.progress = time.monotonic()  # last time a turn moved data (the final drain is judged by it)
-
-    def _discover(self) -> None:
-        if not os.path.isdir(self.log_dir):
-            return
-        for top, _dirs, names in os.walk(self.log_dir):
-            for name in names:
-                path = os.path.join(top, name)
-                if path in self.files:
-                    continue
-                m = self._PATH.search(path)
-                if not m:
-                    continue
-                local_rank = int(m.group(2))
-                rank = self.rank_offset + local_rank
-                self.files[path] = RankFile(path, rank, local_rank, m.group(3))
-                self.started_at.setdefault(rank, time.time())
-
-    def _round(self, final: bool = False) -> int:
-        """One turn for every file whose rank's log line is not held open by its other stream."""
-        files = list(self.files.values())
-        owners = {f.rank: f for f in files if f.open}
-        moved = 0
-        for f in files:
-            owner = owners.get(f.rank)
-            if owner is not None and owner is not f:
-                continue
-            moved += f.pump(final)
-            if f.open:
-                owners[f.rank] = f
-            elif owner is f:
-                del owners[f.rank]
-        return moved
-
-    def run(self) -> None:
-        try:
-            wait, looked = TAIL_FAST, 0.0
-            while not self.stop_event.is_set():
-                now = time.monotonic()
-                if now - looked >= self.DISCOVER_EVERY or wait >= TAIL_SLOW:
-                    self._discover()
-                    looked = now
-                if self._round():
-                    self.progress = time.monotonic()
-                    wait = TAIL_FAST
-                else:
-                    self.stop_event.wait(wait)
-                    wait = min(TAIL_SLOW, wait * 2)
-            # The job is over: every byte of every file goes out, whole records first, then what is left.
-            self._discover()
-            while not _out_broken:
-                if self._round():
-                    self.progress = time.monotonic()
-                    continue
-                if all(f.drained() or f.fh is None for f in self.files.values()):
-                    break
-                sent = sum(f.sent for f in self.files.values())
-                if not self._round(final=True) and sum(f.sent for f in self.files.values()) == sent:
-                    break  # nothing left that can move (a file vanished or shrank)
-                self.progress = time.monotonic()
-            for f in self.files.values():
-                f.close()
-        finally:
-            self.done.set()
-
-    def sizes(self) -> dict:
-        """``{"<rank>/<stream>": {"bytes", "lines"}}``: what each file holds and (after ``done``) what was sent."""
-        out = {}
-        for f in self.files.values():
-            try:
-                size = os.path.getsize(f.path)
-            except OSError:
-                size = f.offset
-            out[f.key()] = {"bytes": size, "sent": f.sent, "lines": f.lines if f.sent >= size else None}
-        return out
-
-
 # ---------------------------------------------------------------- torchrun's summary
 
 _WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
@@ -448,7 +251,7 @@ class Agent:
             cmd = line.strip().decode(errors="replace")
             if cmd == protocol.PING:
                 self.last_ping = time.monotonic()
-                emit({"ev": protocol.PONG})  # lets clusterrun tell a silent node from a quiet one
+                wire.emit({"ev": protocol.PONG})  # lets clusterrun tell a silent node from a quiet one
             elif cmd == protocol.TERM:
                 self.stop("stopped by clusterrun", self.grace)
             elif cmd == protocol.KILL:
@@ -459,7 +262,7 @@ class Agent:
                 try:
                     self.watch.set_targets(json.loads(cmd.split(" ", 1)[1]))
                 except (ValueError, KeyError, TypeError) as exc:
-                    emit({"ev": protocol.WATCHING, "error": f"bad targets: {exc}"})
+                    wire.emit({"ev": protocol.WATCHING, "error": f"bad targets: {exc}"})
 
     def _report_load(self, every: float) -> None:
         """Every ``every`` seconds, each worker's share of one CPU since the last report (``load`` events)."""
@@ -477,7 +280,7 @@ class Agent:
                 if before is not None and now > before[0]:
                     cpu[str(offset + local_rank)] = round((used - before[1]) / (now - before[0]), 3)
             if cpu:
-                emit({"ev": protocol.LOAD, "cpu": cpu, "time": time.time()})
+                wire.emit({"ev": protocol.LOAD, "cpu": cpu, "time": time.time()})
 
     def _dump_stacks(self) -> None:
         """Every worker's stack, one ``stack`` event each (the dump as payload), then ``stacks_done``."""
@@ -486,9 +289,9 @@ class Agent:
         folder = os.path.join(self.run_dir, "stacks")
         for local_rank, pid in sorted(found.items()):
             how, text = stacks.dump(pid, folder)
-            emit({"ev": protocol.STACK, "rank": offset + local_rank, "how": how, "pid": pid},
+            wire.emit({"ev": protocol.STACK, "rank": offset + local_rank, "how": how, "pid": pid},
                  text.encode(errors="replace"))
-        emit({"ev": protocol.STACKS_DONE, "count": len(found)})
+        wire.emit({"ev": protocol.STACKS_DONE, "count": len(found)})
 
     def _start_watch(self) -> None:
         """Bind the data-path watch on this node's data address and tell clusterrun its port."""
@@ -498,7 +301,7 @@ class Agent:
         nic = spec.get("nic")
 
         def changed(target, lost: bool) -> None:
-            emit({"ev": protocol.PATH, "peer": target.node, "address": target.address, "nic": nic,
+            wire.emit({"ev": protocol.PATH, "peer": target.node, "address": target.address, "nic": nic,
                   "state": "lost" if lost else "ok", "since": target.last_answer_wall, "answered": target.answered,
                   "time": time.time()})
 
@@ -506,10 +309,10 @@ class Agent:
             self.watch = pathwatch.PathWatch(spec["address"], changed, float(spec.get("interval", 1.0)),
                                              float(spec.get("dead_after", 5.0)))
         except OSError as exc:
-            emit({"ev": protocol.WATCHING, "error": f"cannot listen on {spec['address']}: {exc.strerror or exc}"})
+            wire.emit({"ev": protocol.WATCHING, "error": f"cannot listen on {spec['address']}: {exc.strerror or exc}"})
             return
         self.watch.start()
-        emit({"ev": protocol.WATCHING, "port": self.watch.port, "address": spec["address"], "nic": nic})
+        wire.emit({"ev": protocol.WATCHING, "port": self.watch.port, "address": spec["address"], "nic": nic})
 
     def _watch_heartbeat(self) -> None:
         while not self.stopping.wait(0.5):
@@ -523,13 +326,13 @@ class Agent:
             text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             self.launcher_lines.append(text)
             del self.launcher_lines[:-400]  # keep the tail: the failure summary is at the end
-            emit({"ev": protocol.LAUNCHER, "text": text})
+            wire.emit({"ev": protocol.LAUNCHER, "text": text})
             m = _WORKER_FAILED.search(text)
             if m:
                 # torchrun saw a worker fail; say so now, before it finishes stopping the others.
                 local_rank = int(m.group(2))
                 code = int(m.group(1))
-                emit({"ev": protocol.RANK_FAILED, "local_rank": local_rank, "time": time.time(),
+                wire.emit({"ev": protocol.RANK_FAILED, "local_rank": local_rank, "time": time.time(),
                       "rank": int(self.spec.get("rank_offset", 0)) + local_rank,
                       "rc": 128 - code if code < 0 else code, "signal": -code if code < 0 else None})
         pipe.close()
@@ -545,7 +348,7 @@ class Agent:
             try:  # the workers' stack hook, for hang diagnosis without py-spy
                 env.update(stacks.hook_env(self.run_dir, self.spec["stacks"]["hook"], env))
             except OSError as exc:
-                emit({"ev": protocol.LAUNCHER, "text": f"clusterrun: no stack hook ({exc}); stacks need py-spy"})
+                wire.emit({"ev": protocol.LAUNCHER, "text": f"clusterrun: no stack hook ({exc}); stacks need py-spy"})
         cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
         for src, dest, *kind in self.spec.get("stage", []):
             # Staged files arrive in the node's content cache; each run gets its own copy.
@@ -570,12 +373,12 @@ class Agent:
                 preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGTERM),
             )
         except OSError as exc:
-            emit({"ev": protocol.ERROR, "text": f"cannot start {argv[0]}: {exc.strerror or exc}", "time": time.time()})
+            wire.emit({"ev": protocol.ERROR, "text": f"cannot start {argv[0]}: {exc.strerror or exc}", "time": time.time()})
             return self._finish(127, None, {}, reason=f"could not start: {exc}")
-        emit({"ev": protocol.STARTED, "pid": proc.pid, "time": time.time()})
+        wire.emit({"ev": protocol.STARTED, "pid": proc.pid, "time": time.time()})
         reader = threading.Thread(target=self._read_launcher, args=(proc.stdout,), daemon=True)
         reader.start()
-        tailer = Tailer(log_dir, int(self.spec.get("rank_offset", 0)))
+        tailer = tailing.Tailer(log_dir, int(self.spec.get("rank_offset", 0)))
         tailer.start()
         self._start_watch()
         if float(self.spec.get("load_every") or 0) > 0 and not self.detached:
@@ -604,7 +407,7 @@ class Agent:
         tailer.stop_event.set()
         stall = max(self.heartbeat_timeout, 15.0)
         while not tailer.done.wait(0.5):
-            if time.monotonic() - max(tailer.progress, _out_progress) > stall:
+            if time.monotonic() - max(tailer.progress, wire.last_progress()) > stall:
                 break
         ranks = parse_failures(self.launcher_lines)
         for rank, started in tailer.started_at.items():
@@ -625,37 +428,11 @@ class Agent:
                 json.dump(result, f)
         except OSError:
             pass
-        emit(result)
+        wire.emit(result)
         return 0
 
 
 # ---------------------------------------------------------------- after a broken stream
-
-
-def _line_start_after(fh, pos: int) -> int:
-    """The first offset at or after ``pos`` that starts a line (so a cut never splits one)."""
-    if pos <= 0:
-        return 0
-    fh.seek(pos - 1)
-    while True:
-        block = fh.read(READ_CHUNK)
-        if not block:
-            return fh.tell()
-        i = block.find(b"\n")
-        if i >= 0:
-            return fh.tell() - len(block) + i + 1
-
-
-def _count_lines(fh, start: int, end: int) -> int:
-    fh.seek(start)
-    count, left = 0, end - start
-    while left > 0:
-        block = fh.read(min(READ_CHUNK, left))
-        if not block:
-            break
-        count += block.count(b"\n")
-        left -= len(block)
-    return count
 
 
 def collect(spec: dict) -> int:
@@ -671,9 +448,9 @@ def collect(spec: dict) -> int:
     if spec.get("sweep", True):
         pids = stop_processes(lambda: marked(spec["run_id"], exclude, spec.get("node", "")),
                               float(spec.get("grace", 2)))
-        emit({"ev": protocol.SWEPT, "pids": pids})
+        wire.emit({"ev": protocol.SWEPT, "pids": pids})
     else:  # only reading the logs of a run that goes on (a detached one): say whether it still runs
-        emit({"ev": protocol.ALIVE, "pids": marked(spec["run_id"], exclude, spec.get("node", ""))})
+        wire.emit({"ev": protocol.ALIVE, "pids": marked(spec["run_id"], exclude, spec.get("node", ""))})
     run_dir = os.path.expanduser(spec["run_dir"])
     log_dir = os.path.join(run_dir, "torchrun")
     skip = spec.get("skip", {})
@@ -682,7 +459,7 @@ def collect(spec: dict) -> int:
     for top, _dirs, names in sorted(os.walk(log_dir)) if os.path.isdir(log_dir) else ():
         for name in sorted(names):
             path = os.path.join(top, name)
-            m = Tailer._PATH.search(path)
+            m = tailing.Tailer._PATH.search(path)
             if not m:
                 continue
             local_rank = int(m.group(2))
@@ -695,12 +472,12 @@ def collect(spec: dict) -> int:
             with fh:
                 size = os.fstat(fh.fileno()).st_size
                 start = min(int(skip.get(key, 0)), size)
-                begin = _line_start_after(fh, size - limit) if size - start > limit else start
-                emit({"ev": protocol.LOG, "rank": rank, "stream": m.group(3), "bytes": size,
-                      "lines": _count_lines(fh, 0, size), "from": begin, "skipped_bytes": begin - start,
-                      "skipped_lines": _count_lines(fh, start, begin)})
-            f = RankFile(path, rank, local_rank, m.group(3), offset=begin)
-            while f.offset < size and not _out_broken:
+                begin = tailing._line_start_after(fh, size - limit) if size - start > limit else start
+                wire.emit({"ev": protocol.LOG, "rank": rank, "stream": m.group(3), "bytes": size,
+                      "lines": tailing._count_lines(fh, 0, size), "from": begin, "skipped_bytes": begin - start,
+                      "skipped_lines": tailing._count_lines(fh, start, begin)})
+            f = tailing.RankFile(path, rank, local_rank, m.group(3), offset=begin)
+            while f.offset < size and not wire.is_broken():
                 if not f.pump() and not f.pending:
                     break
             for _ in range(64 if partial else 0):  # its writers are gone: what is left is its unfinished end
@@ -709,9 +486,9 @@ def collect(spec: dict) -> int:
             f.close()
     try:
         with open(os.path.join(run_dir, "exit.json")) as fh:
-            emit({"ev": protocol.RECORD, "exit": json.load(fh)})
+            wire.emit({"ev": protocol.RECORD, "exit": json.load(fh)})
     except (OSError, ValueError):
-        emit({"ev": protocol.RECORD, "exit": None})
+        wire.emit({"ev": protocol.RECORD, "exit": None})
     return 0
 
 
@@ -730,7 +507,7 @@ def exec_command(spec: dict) -> int:
                                 stderr=subprocess.PIPE, start_new_session=True,
                                 preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
     except OSError as exc:
-        emit({"ev": protocol.EXIT, "rc": 127, "error": str(exc)})
+        wire.emit({"ev": protocol.EXIT, "rc": 127, "error": str(exc)})
         return 0
     why = []
     me = os.getpid()
@@ -742,7 +519,7 @@ def exec_command(spec: dict) -> int:
 
     def relay(pipe, stream: str) -> None:
         for raw in iter(pipe.readline, b""):
-            emit({"ev": protocol.LINE, "stream": stream, "text": raw.decode("utf-8", errors="replace").rstrip("\r\n")})
+            wire.emit({"ev": protocol.LINE, "stream": stream, "text": raw.decode("utf-8", errors="replace").rstrip("\r\n")})
         pipe.close()
 
     def watch_stdin() -> None:
@@ -766,7 +543,7 @@ def exec_command(spec: dict) -> int:
         t.join(timeout=2.0)
     rc = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     stop_processes(lambda: descendants(me), 0.5)  # anything the command left in the background
-    emit({"ev": protocol.EXIT, "rc": rc, "reason": why[0] if why else None})
+    wire.emit({"ev": protocol.EXIT, "rc": rc, "reason": why[0] if why else None})
     return 0
 
 
