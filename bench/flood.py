@@ -57,7 +57,6 @@ import select
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,6 +66,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from benchlib import fmt, kill_pids, local_session_left, med  # noqa: E402
 from simcluster import SimCluster  # noqa: E402
 from simjobs import clusterrun_env, write_inventory  # noqa: E402
 
@@ -211,27 +211,8 @@ def start(argv: list[str], cwd: Path, env: dict[str, str], stdout: Path, stderr:
                                 start_new_session=True)
 
 
-def local_session_left(sid: int) -> list[tuple[int, str]]:
-    """Processes on this machine still in session ``sid`` (the orchestrator's local children)."""
-    out = subprocess.run(["ps", "-o", "pid=,args=", "-s", str(sid)], capture_output=True, text=True,
-                         timeout=30).stdout
-    left = []
-    for line in out.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if pid.isdigit():
-            left.append((int(pid), args.strip()))
-    return left
 
 
-def kill_pids(pids: list[int]) -> list[int]:
-    killed = []
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except ProcessLookupError:
-            pass
-    return killed
 
 
 def reap(p: subprocess.Popen, t0: float, timeout: float) -> dict:
@@ -399,13 +380,8 @@ class Bench:
 # -------------------------------------------------------------------------------------------- report
 
 
-def med(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
 
 
-def fmt(v: float | None, spec: str = ".2f") -> str:
-    return format(v, spec) if v is not None else "n/a"
 
 
 def worst(rows: list[dict], section: str, key: str, fn=min) -> int | None:

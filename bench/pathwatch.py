@@ -69,7 +69,6 @@ import select
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,6 +79,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from benchlib import fmt, kill_pids, local_session_left, med  # noqa: E402
 from simcluster import SimCluster  # noqa: E402
 from simjobs import clusterrun_env, write_inventory  # noqa: E402
 
@@ -147,27 +147,8 @@ TC_SENT = re.compile(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\
 # ------------------------------------------------------------------------------------------ processes
 
 
-def kill_pids(pids: list[int]) -> list[int]:
-    killed = []
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except ProcessLookupError:
-            pass
-    return killed
 
 
-def local_session_left(sid: int) -> list[tuple[int, str]]:
-    """Processes on this machine still in session ``sid`` (the orchestrator's local children)."""
-    out = subprocess.run(["ps", "-o", "pid=,args=", "-s", str(sid)], capture_output=True, text=True,
-                         timeout=30).stdout
-    left = []
-    for line in out.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if pid.isdigit():
-            left.append((int(pid), args.strip()))
-    return left
 
 
 def proc_stat(pid: int) -> list[str] | None:
@@ -302,13 +283,8 @@ class Job:
 # ------------------------------------------------------------------------------------------- bench
 
 
-def med(values: list) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
 
 
-def fmt(v: float | None, spec: str = ".2f") -> str:
-    return format(v, spec) if v is not None else "n/a"
 
 
 class Bench:
