@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
 import subprocess
+import time
+from pathlib import Path
 
 
 def med(values: list[float | None]) -> float | None:
@@ -40,3 +43,14 @@ def kill_pids(pids: list[int]) -> list[int]:
         except ProcessLookupError:
             pass
     return killed
+
+
+def save_results(result: dict, name: str) -> Path:
+    """Write ``result`` to bench/results/<name>-<time>.json, say where, and return the path."""
+    root = Path(__file__).resolve().parent.parent
+    out_dir = root / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"\nsaved {out.relative_to(root)}")
+    return out

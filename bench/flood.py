@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import select
@@ -66,7 +65,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from benchlib import fmt, kill_pids, local_session_left, med  # noqa: E402
+from benchlib import fmt, kill_pids, local_session_left, med, save_results  # noqa: E402
 from simcluster import SimCluster  # noqa: E402
 from simjobs import clusterrun_env, write_inventory  # noqa: E402
 
@@ -507,11 +506,7 @@ def main() -> int:
                     print(f"  N={n} {tool}: rc={r['rc']} timed_out={r['timed_out']} missing on terminal "
                           f"{r['terminal']['missing']}, left on nodes {sum(map(len, r.get('node_left', {}).values()))}"
                           f", local {len(r.get('local_left', []))}; stderr tail: {r['stderr_tail'][-3:]}")
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"flood-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"\nsaved {out.relative_to(ROOT)}")
+    save_results(result, "flood")
     return 0
 
 

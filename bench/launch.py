@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from benchlib import save_results  # noqa: E402
 from simcluster import SimCluster  # noqa: E402
 from simjobs import clusterrun_env, write_inventory  # noqa: E402
 
@@ -394,11 +395,7 @@ def main() -> int:
             print(f"    {name:10s} {o['alive_after_5s']} of {o['before']} still alive "
                   f"(local children left: {len(o['local_children_left'])}; killed by the bench: "
                   f"{len(o['killed_by_bench'])})")
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"launch-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"\nsaved {out.relative_to(ROOT)}")
+    save_results(result, "launch")
     return 0
 
 

@@ -79,7 +79,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from benchlib import fmt, kill_pids, local_session_left, med  # noqa: E402
+from benchlib import fmt, kill_pids, local_session_left, med, save_results  # noqa: E402
 from simcluster import SimCluster  # noqa: E402
 from simjobs import clusterrun_env, write_inventory  # noqa: E402
 
@@ -731,11 +731,7 @@ def main() -> int:
         print()
         for p in problems:
             print("  " + p)
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"pathwatch-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"\nsaved {out.relative_to(ROOT)}")
+    save_results(result, "pathwatch")
     return 0
 
 
