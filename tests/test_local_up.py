@@ -165,3 +165,37 @@ def test_hang_timeout_takes_every_ranks_stack_and_waits_with_a_reminder(tmp_path
         assert (run / "localhost" / f"stack-rank{rank}.txt").read_text().startswith(
             f"# rank {rank} on localhost, taken with {tool}")
     assert not marked_processes(run.name)
+
+
+CHATTY = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+for i in range(3000):
+    print(f"rank {rank} line {i}", flush=True)
+    if i % 500 == 0:
+        time.sleep(0.2)
+"""
+
+
+def test_closed_stdout_stops_the_screen_not_the_job(tmp_path: Path) -> None:
+    """`clusterrun up ... | head -2`: the reader goes away; the job runs to its end and its logs are whole."""
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", LOCAL, "chatty.py", "--master-port",
+                             str(free_port())], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        head = [proc.stdout.readline() for _ in range(2)]
+        proc.stdout.close()  # as `head -2` does
+        _out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert all(head) and proc.returncode == 0, err.decode()[-2000:]
+    assert b"stdout was closed: rank output is no longer shown" in err
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err
+    run = only_run(tmp_path / "runs")
+    for rank in (0, 1):
+        assert (run / "localhost" / f"rank{rank}.log").read_text().count("\n") == 3000
+    assert json.loads((run / "status.json").read_text())["logs"]["complete"] is True

@@ -13,6 +13,7 @@ may be less than what is logged, never more:
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -66,6 +67,7 @@ class Console:
         self.bar_every = BAR_EVERY_TTY if self.out.isatty() else BAR_EVERY_PIPE
         self._partial: dict[tuple[str, int, str], _Held] = {}  # an unfinished record's first characters
         self._bars: dict[tuple[str, int, str], _Bar] = {}
+        self.closed = False  # stdout's reader went away
 
     def _prefix(self, tag: str, node: str) -> str:
         if not self.color:
@@ -76,7 +78,30 @@ class Console:
         return click.style(tag, fg=color)
 
     def shows(self, rank: int) -> bool:
-        return not self.quiet and (self.ranks is None or rank in self.ranks)
+        return not self.quiet and not self.closed and (self.ranks is None or rank in self.ranks)
+
+    def _emit(self, text: str) -> None:
+        """Write to ``out``; once its reader is gone (``clusterrun up ... | head``), show nothing more. The job
+        and its logs go on: only the screen was closed."""
+        if self.closed:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            self.closed = True
+            self._detach_stdout()
+            self.info("stdout was closed: rank output is no longer shown; it is still written to runs/")
+
+    def _detach_stdout(self) -> None:
+        # Python would try to flush the dead pipe again at exit and complain: point stdout at /dev/null.
+        if self.out is sys.stdout:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):
+                pass
 
     def rank_line(self, node: str, rank: int, text: str) -> None:
         if self.shows(rank):
@@ -85,8 +110,7 @@ class Console:
     def _write_lines(self, node: str, rank: int, texts: list[str]) -> None:
         if texts:
             prefix = self._prefix(f"[{node}:{rank}]", node)
-            self.out.write("".join(f"{prefix} {shorten(t)}\n" for t in texts))
-            self.out.flush()
+            self._emit("".join(f"{prefix} {shorten(t)}\n" for t in texts))
 
     def rank_output(self, node: str, rank: int, stream: str, data: bytes, more: bool = False,
                     now: float | None = None) -> None:
@@ -154,8 +178,7 @@ class Console:
     def node_line(self, node: str, text: str) -> None:
         if self.quiet or not self.show_launcher:
             return
-        self.out.write(f"{self._prefix(f'[{node}]', node)} {text}\n")
-        self.out.flush()
+        self._emit(f"{self._prefix(f'[{node}]', node)} {text}\n")
 
     def info(self, text: str) -> None:
         self.err.write(f"clusterrun: {text}\n")
