@@ -123,3 +123,11 @@ def test_evenly_busy_nodes_are_no_stragglers() -> None:
             watch.on_load(node, {"cpu": {"0": 0.9}})
     watch.on_load("n3", {"cpu": {"9": 0.3}})
     assert said == []
+
+
+def test_the_verdict_names_the_path_to_the_master_whatever_came_first() -> None:
+    state = _state(4)
+    for node, peer in [("n2", "n3"), ("n1", "n2"), ("n2", "n0")]:  # the path to the master is reported last
+        state.lost(_loss(node, peer), now=100.0)
+    verdict = state.verdict(103.0, ended=set())
+    assert verdict is not None and verdict.describe().startswith("n2: eth1 stopped reaching n0 (10.0.0.1)")

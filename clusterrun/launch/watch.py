@@ -119,7 +119,10 @@ class PathWatchState:
         tied = sorted((n for n in candidates if reporters[n] == best), key=list(self.order).index)
         culprit = tied[0]
         self.blamed.update(tied)
-        own = [p for p in losses if p.node == culprit]
+        # Its own path to rank 0's node first (every rank depends on it), then by node rank: the same words each time.
+        order = list(self.order)
+        own = sorted((p for p in losses if p.node == culprit), key=lambda p: order.index(p.peer) if p.peer in order
+                     else len(order))
         return Verdict(culprit, own[0] if own else next(p for p in losses if p.peer == culprit), tuple(losses),
                        also=tuple(tied[1:]))
 
