@@ -50,6 +50,8 @@ class FakeStream(Stream):
         self._rc: int | None = None
         self._answer_pings = True
         self._deadline = time.monotonic() + lifetime
+        self.expects_spec = False  # the command is `agent.py run -`: its first line of stdin is the spec
+        self.spec_line: str | None = None
 
     # ------------------------------------------------ clusterrun's side (the Stream protocol)
 
@@ -74,6 +76,9 @@ class FakeStream(Stream):
             if self._ended or self._aborted:
                 return False
             for line in text.splitlines():
+                if self.expects_spec and self.spec_line is None:
+                    self.spec_line = line  # `agent.py run -` reads its spec first, from stdin
+                    continue
                 self.sent.append(line)
                 self._commands.append(line)
                 if line == protocol.PING and self._answer_pings:
@@ -151,7 +156,7 @@ class FakeStream(Stream):
 class FakeAgent:
     """What a script uses to play a node agent on one :class:`FakeStream`.
 
-    ``spec``: the agent spec clusterrun passed on the command line (``rank_offset``, ``grace``, ...), or ``{}``
+    ``spec``: the agent spec clusterrun sent on stdin (``rank_offset``, ``grace``, ...), or ``{}``
     when the command was not an agent's. ``argv``/``env``/``cwd``: the command as started.
     """
 
@@ -162,8 +167,21 @@ class FakeAgent:
         self.argv = list(argv)
         self.env = dict(env or {})
         self.cwd = cwd
-        self.spec = _spec_of(self.argv)
         self.sizes: dict[str, dict[str, int]] = {}  # "<rank>/<stream>" -> bytes and lines sent so far
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The agent spec clusterrun sent (first line of stdin for ``agent.py run -``), waited for up to 5 s."""
+        if not self.stream.expects_spec:
+            return {}
+        with self.stream._cond:
+            self.stream._cond.wait_for(lambda: self.stream.spec_line is not None, 5.0)
+            line = self.stream.spec_line
+        try:
+            spec = json.loads(base64.b64decode(line or "", validate=True))
+        except (binascii.Error, ValueError):
+            return {}
+        return spec if isinstance(spec, dict) else {}
 
     # ------------------------------------------------ agent -> clusterrun
 
@@ -277,6 +295,7 @@ class FakeTransport(Transport):
         if self.start_error is not None:
             raise self.start_error
         stream = FakeStream(self.lifetime)
+        stream.expects_spec = list(argv[-2:]) == ["run", "-"]
         agent = FakeAgent(self.node, stream, argv, env, cwd)
         self.agents.append(agent)
         self._started.set()
@@ -330,14 +349,3 @@ class FakeTransport(Transport):
         alive = [t.name for t in self._threads if t.is_alive()]
         if alive:
             raise AssertionError(f"{self.node}: script still running {timeout:g}s after the test: {alive}")
-
-
-def _spec_of(argv: Sequence[str]) -> dict[str, Any]:
-    """The agent spec, the last word of ``agent.py run <spec>`` (base64 JSON); ``{}`` for any other command."""
-    if len(argv) < 2 or argv[-2] != "run":
-        return {}
-    try:
-        spec = json.loads(base64.b64decode(argv[-1], validate=True))
-    except (binascii.Error, ValueError):
-        return {}
-    return spec if isinstance(spec, dict) else {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import select
@@ -288,3 +290,42 @@ def test_partitioned_node_is_reported_and_its_watchdog_stops_the_job(sim_cluster
     # before healing, from the root namespace (no PID namespaces here).
     assert_nothing_left(sim_cluster, run.name, timeout=20)
     sim_cluster.heal("node1")
+
+
+SECRET = "hf_s3cret-token-Zq81"
+
+
+def _holds_secret(cmd: str) -> bool:
+    """The secret in a command line, as it is or inside a base64 word (a spec travels base64-encoded)."""
+    if SECRET in cmd:
+        return True
+    for word in cmd.replace("'", " ").replace('"', " ").replace("(", " ").replace(")", " ").split():
+        if len(word) < 16:
+            continue
+        try:
+            if SECRET.encode() in base64.b64decode(word + "=" * (-len(word) % 4), validate=False):
+                return True
+        except (binascii.Error, ValueError):
+            continue
+    return False
+
+
+def test_environment_secrets_never_show_in_any_command_line(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """`-e HF_TOKEN=...` reaches the ranks, but no process on any node shows it in its command line (ps)."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "sleeper.py").write_text(
+        f"import os, time\nprint('sleeping', os.environ['HF_TOKEN'] == {SECRET!r}, flush=True)\ntime.sleep(120)\n")
+    proc = start_clusterrun("up", str(inv), "sleeper.py", "-e", f"HF_TOKEN={SECRET}", cwd=tmp_path)
+    try:
+        _wait_for_lines(proc, 2, "sleeping True")  # the ranks have it
+        run = the_run(tmp_path)
+        shown = [(node.name, pid, cmd[:120]) for node in sim_cluster.nodes[:2]
+                 for pid, cmd in sim_cluster.processes(node) if _holds_secret(cmd)]
+        assert not shown, f"the secret shows in command lines: {shown}"
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_nothing_left(sim_cluster, run.name)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 
 from clusterrun.errors import NodeNotReady, StartError
-from clusterrun.launch.agent_cmd import agent_spec, run_argv
+from clusterrun.launch.agent_cmd import agent_spec, start_agent
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import protocol
 from clusterrun.remote.protocol import frames
@@ -30,8 +30,7 @@ def start_detached(plan: LaunchPlan, transports: Mapping[str, Transport],
     def one(node: NodePlan) -> float:
         spec = agent_spec(node, plan.run_id, grace=grace, heartbeat_timeout=0, stage=stage.get(node.name),
                           detached=True)
-        transport = transports[node.name]
-        stream = transport.start(run_argv(node, spec, inline=not transport.is_local))
+        stream = start_agent(transports[node.name], node, spec)
         # The stream is dropped at the deadline whether or not anything arrives: the read below ends then.
         timer = threading.Timer(START_TIMEOUT, stream.abort)
         timer.daemon = True

@@ -27,7 +27,7 @@ from typing import Any
 from clusterrun import remote
 from clusterrun.errors import EXIT_TIMEOUT, StartError
 from clusterrun.inventory.models import RunSettings
-from clusterrun.launch.agent_cmd import agent_spec, run_argv
+from clusterrun.launch.agent_cmd import agent_spec, start_agent
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
 from clusterrun.launch.relay import LogRelay
@@ -124,8 +124,7 @@ class Supervisor:
         if self.watch is not None:
             spec["watch"] = {"address": node.data_address, "nic": node.data_nic,
                              "interval": self.settings.watch_interval, "dead_after": self.settings.watch_dead_after}
-        transport = self.transports[node.name]
-        return transport.start(run_argv(node, spec, inline=not transport.is_local))
+        return start_agent(self.transports[node.name], node, spec)
 
     def _start_all(self) -> None:
         got = fan_out(self.plan.nodes, lambda n: n.name, self._start_one, label="start",

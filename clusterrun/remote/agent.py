@@ -549,7 +549,13 @@ def exec_command(spec: dict) -> int:
 
 def main(argv: list) -> int:
     if len(argv) >= 2 and argv[0] == "run":
-        spec = json.loads(base64.b64decode(argv[1]).decode())
+        # "-": the spec is the first line of stdin. It holds the job's environment (tokens, passwords), which a
+        # command line would show to every user of the node (ps, /proc/<pid>/cmdline).
+        raw = sys.stdin.buffer.readline() if argv[1] == "-" else argv[1].encode()
+        if not raw.strip():
+            sys.stderr.write("agent.py run -: no spec on stdin (clusterrun went away before sending it)\n")
+            return 2
+        spec = json.loads(base64.b64decode(raw).decode())
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # only clusterrun's 'term'/'kill' stop the job
         if spec.get("detached"):
             signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the session that started it may end
@@ -570,7 +576,7 @@ def main(argv: list) -> int:
         grace = float(argv[2]) if len(argv) > 2 else 2.0
         print(json.dumps({"pids": stop_processes(lambda: marked(argv[1], exclude, node), grace)}))
         return 0
-    sys.stderr.write("usage: agent.py run SPEC_B64 | exec SPEC_B64 | collect SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
+    sys.stderr.write("usage: agent.py run - (SPEC_B64 on stdin) | run SPEC_B64 | exec SPEC_B64 | collect SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
     return 2
 
 

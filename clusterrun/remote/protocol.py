@@ -27,7 +27,8 @@ Events of ``agent.py collect``: ``swept`` (pids) or ``alive`` (pids), then per r
 bytes, lines, from, skipped_bytes, skipped_lines) and its ``out`` events, then ``record`` (exit: the node's
 exit.json or null). Events of ``agent.py exec``: ``line`` (stream, text), then ``exit`` (rc, reason).
 
-clusterrun -> agent (``run`` and ``exec``): lines on stdin. ``ping`` (answered by ``pong``; without one for the
+clusterrun -> agent (``run`` and ``exec``): lines on stdin. ``agent.py run -`` first reads its spec (base64 JSON,
+one line) there: the spec carries the job's environment, which must not show in ``ps``. Then: ``ping`` (answered by ``pong``; without one for the
 heartbeat timeout the agent stops its job), ``term`` (SIGTERM, SIGKILL after the grace period), ``kill`` (at
 once), ``watch <json>`` (the data-path watch's targets: a list of {node, address, port}), ``stacks`` (dump
 every worker's stack: py-spy, or the faulthandler hook of stackhook.py). The end of stdin
