@@ -103,10 +103,6 @@ class Console:
             except (OSError, ValueError):
                 pass
 
-    def rank_line(self, node: str, rank: int, text: str) -> None:
-        if self.shows(rank):
-            self._write_lines(node, rank, [text])
-
     def _write_lines(self, node: str, rank: int, texts: list[str]) -> None:
         if texts:
             prefix = self._prefix(f"[{node}:{rank}]", node)

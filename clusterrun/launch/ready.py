@@ -10,7 +10,6 @@ is started anywhere.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ from typing import Any
 from clusterrun import remote
 from clusterrun.errors import NodeNotReady, NoTorch, PythonNotFound, StartError
 from clusterrun.inventory.models import Transport as TransportKind
+from clusterrun.launch.agent_cmd import encode_spec
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import on_every_node
@@ -112,7 +112,7 @@ def files_to_stage(plan: LaunchPlan, node: NodePlan) -> list[StagedFile]:
 def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> NodeReady:
     spec = {"run_dir": node.run_dir, "cache": REMOTE_CACHE, "hashes": sorted({f.digest for f in staged}),
             "port": plan.master_port if node.node_rank == 0 else None}
-    argv = remote.argv(node.python, "ready", "check", base64.b64encode(json.dumps(spec).encode()).decode())
+    argv = remote.argv(node.python, "ready", "check", encode_spec(spec))
     result = transport.run(argv, timeout=PREFLIGHT_TIMEOUT)
     marker = next((line for line in result.stdout.splitlines() if line.startswith("CLUSTERRUN-PREFLIGHT ")), None)
     if marker is None:

@@ -26,6 +26,7 @@ from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
 from clusterrun.launch.relay import LogRelay
 from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.remote import protocol
 from clusterrun.remote.protocol import frames
 from clusterrun.runs import RunDir
 from clusterrun.transport.base import Transport
@@ -87,19 +88,19 @@ def collect(transport: Transport, *, node: str, python: str, run_id: str, run_di
         for frame in frames(stream.chunks()):
             event = frame.event
             kind = event.get("ev")
-            if kind == "out":
+            if kind == protocol.OUT:
                 sink(int(event["rank"]), str(event.get("stream", "stdout")), frame.payload, bool(event.get("open")))
                 out.fetched_bytes += len(frame.payload)
                 out.fetched_lines += frame.payload.count(b"\n")
-            elif kind == "log":
+            elif kind == protocol.LOG:
                 out.files.append(event)
-            elif kind == "swept":
+            elif kind == protocol.SWEPT:
                 out.swept = list(event.get("pids") or [])
-            elif kind == "alive":
+            elif kind == protocol.ALIVE:
                 out.alive = len(event.get("pids") or [])
-            elif kind == "record":
+            elif kind == protocol.RECORD:
                 out.record = event.get("exit")
-            elif kind == "launcher":
+            elif kind == protocol.LAUNCHER:
                 out.tail = event.get("text", "")
     finally:
         timer.cancel()

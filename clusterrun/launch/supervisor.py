@@ -100,8 +100,8 @@ class Supervisor:
         )
         self.hang: HangWatch | None = None
         if self.settings.hang_timeout:
-            self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, [n.name for n in plan.nodes],
-                                  self._send_running, self._save_stack, self.console.info, self._record,
+            self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, self._send_running,
+                                  self._save_stack, self.console.info, self._record,
                                   lambda why: self._fail(Failure(plan.master.name, None, 1, None, f"hung: {why}")))
         self.stragglers = StragglerWatch(self.console.info, self._record) if plan.nnodes > 1 else None
         self.watch: DataPathWatch | None = None
@@ -147,7 +147,7 @@ class Supervisor:
             for frame in decoder.close():
                 self._events.put((name, frame))
         except Exception as exc:
-            self._events.put((name, Frame({"ev": "stream_error", "text": str(exc)})))
+            self._events.put((name, Frame({"ev": protocol.STREAM_ERROR, "text": str(exc)})))
         finally:
             self._events.put((name, _EOF))
 
@@ -165,28 +165,28 @@ class Supervisor:
             return
         event = item.event
         kind = event.get("ev")
-        if kind == "pong":
+        if kind == protocol.PONG:
             return
         self._last_progress[name] = now
-        if kind == "out":
+        if kind == protocol.OUT:
             if self.hang is not None:
                 self.hang.output(now)
             # A payload cut short by a broken stream is the start of a record: shown once it is whole.
             self.relay.write(name, int(event["rank"]), str(event.get("stream", "stdout")), item.payload,
                              bool(event.get("open") or event.get("cut")))
-        elif kind == "started":
+        elif kind == protocol.STARTED:
             node.launched = event.get("time")
-        elif kind in ("launcher", "error", "stream_error"):
+        elif kind in (protocol.LAUNCHER, protocol.ERROR, protocol.STREAM_ERROR):
             text = event.get("text", "")
             with open(self.run_dir.launcher_log(name), "a", encoding="utf-8") as fh:
                 fh.write(text + "\n")
             # Once stopping, torchrun's own report (a ChildFailedError traceback) only repeats what the
             # summary says; it stays in launcher.log.
-            if self._stop_sent_at is None or kind == "error":
+            if self._stop_sent_at is None or kind == protocol.ERROR:
                 self.console.node_line(name, text)
-            if kind == "error":
+            if kind == protocol.ERROR:
                 node.reason = text
-        elif kind == "rank_failed":
+        elif kind == protocol.RANK_FAILED:
             rank = node.ranks.get(int(event["rank"]))
             if rank is not None:
                 rank.state, rank.exit_code, rank.signal = RankState.failed, event.get("rc"), event.get("signal")
@@ -202,7 +202,7 @@ class Supervisor:
             self.watch.on_watching(name, event)
         elif kind == protocol.PATH and self.watch is not None:
             self.watch.on_path(name, event, now, stopping=self._stop_sent_at is not None)
-        elif kind == "exit":
+        elif kind == protocol.EXIT:
             self.relay.expect(name, event.get("logs") or {})
             if event.get("watch"):
                 self.outcome.watch_cost[name] = event["watch"]
@@ -333,7 +333,7 @@ class Supervisor:
                 next_beat = now + self.settings.heartbeat_interval
                 for name, stream in self._streams.items():
                     if name not in self._ended:
-                        stream.send("ping\n")
+                        stream.send(f"{protocol.PING}\n")
             self._check_silent(now)
             if self.settings.timeout and self._stop_sent_at is None and now - started > self.settings.timeout:
                 first = self.plan.nodes[0].name

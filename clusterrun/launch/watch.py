@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterrun.facts.stacks import digest
+from clusterrun.remote import protocol
 
 SETTLE = 2.0  # seconds to gather the other ends' reports of a failure before naming a node
 
@@ -173,7 +174,7 @@ class DataPathWatch:
             for node in self.state.ports:
                 targets = self.state.targets_of(node)
                 if targets:
-                    self.send(node, f"watch {json.dumps(targets, separators=(',', ':'))}\n")
+                    self.send(node, f"{protocol.WATCH} {json.dumps(targets, separators=(',', ':'))}\n")
         verdict = self.state.verdict(now, ended)
         if verdict is not None:
             self.record({"time": time.time(), "node": verdict.node, "kind": "path-verdict",
@@ -191,11 +192,10 @@ class HangWatch:
 
     COLLECT_FOR = 30.0  # seconds to wait for every node's dumps
 
-    def __init__(self, timeout: float, on_hang: str, nodes: Sequence[str], send_all: Callable[[str], object],
+    def __init__(self, timeout: float, on_hang: str, send_all: Callable[[str], object],
                  save: Callable[[str, int, str, str], str], say: Callable[[str], None],
                  record: Callable[[dict[str, Any]], None], stop: Callable[[str], None]) -> None:
         self.timeout, self.on_hang = timeout, on_hang
-        self.nodes = list(nodes)
         self.send_all, self.save, self.say, self.record, self.stop = send_all, save, say, record, stop
         self.last_output = time.monotonic()
         self.collecting_since: float | None = None
@@ -228,7 +228,7 @@ class HangWatch:
             self.say(f"no rank has printed anything for {silent:.0f}s: taking every rank's stack")
             self.record({"time": time.time(), "node": "-", "kind": "hang",
                          "text": f"no output from any rank for {silent:.0f}s"})
-            self.send_all("stacks\n")
+            self.send_all(f"{protocol.STACKS}\n")
             return
         if self.collecting_since is not None:
             if not (running <= self.done) and now - self.collecting_since < self.COLLECT_FOR:
