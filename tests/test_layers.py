@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun.remote import AGENT_MODULES
+
 ROOT = Path(__file__).resolve().parent.parent / "clusterrun"
 
 LAYERS: list[set[str]] = [
@@ -81,7 +83,7 @@ STDLIB = set(sys.stdlib_module_names)
 def test_node_programs_need_only_the_standard_library(path: Path) -> None:
     # torch only where the program is about torch: the report of its versions, the all-reduce under torchrun.
     needs_torch = path.name in ("allreduce_smoke.py", "pyreport.py")
-    allowed = STDLIB | {"protocol", "wire", "tailing", "pathwatch", "stacks", "clusterrun.remote", "clusterrun"} | ({"torch"} if needs_torch else set())
+    allowed = STDLIB | {*AGENT_MODULES, "clusterrun.remote", "clusterrun"} | ({"torch"} if needs_torch else set())
     outside = [f"line {line}: {target}" for line, target in _imports(path)
                if target.split(".")[0] not in allowed and target not in allowed]
     assert not outside, f"{path.name} imports what a node may not have: {outside}"

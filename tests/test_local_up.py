@@ -159,12 +159,38 @@ def test_hang_timeout_takes_every_ranks_stack_and_waits_with_a_reminder(tmp_path
     assert done.returncode == 124, done.stderr  # stopped by its time limit, not by the hang
     assert "rank 0 in all_reduce (hang.py:16)" in done.stderr and "rank 1 in stuck_here (hang.py:7)" in done.stderr
     assert "(--on-hang wait)" in done.stderr  # the reminder after another 8 s of silence
+    assert ("default_pg: rank 0 waits in all_reduce #2; rank 1 never called it (last collective: all_reduce #1)"
+            in done.stderr)  # torch's flight recorder, asked of every rank through clusterrun's hook
     run = only_run(tmp_path / "runs")
     tool = "py-spy" if shutil.which("py-spy") else "faulthandler"
     for rank in (0, 1):
         assert (run / "localhost" / f"stack-rank{rank}.txt").read_text().startswith(
             f"# rank {rank} on localhost, taken with {tool}")
+        assert json.loads((run / "localhost" / f"flight-rank{rank}.json").read_bytes())["entries"]
     assert not marked_processes(run.name)
+
+
+WATCHDOG_DUMP = """
+import os, sys
+rank = os.environ["RANK"]
+# What torch's watchdog does when a collective times out with the flight recorder on: its dump, at the prefix
+# it was given, with the rank appended.
+with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + rank, "wb") as fh:
+    fh.write(b"dump of rank " + rank.encode())
+sys.exit(1 if rank == "1" else 0)
+"""
+
+
+def test_dumps_torchs_watchdog_writes_are_gathered_into_the_run(tmp_path: Path) -> None:
+    (tmp_path / "dump.py").write_text(WATCHDOG_DUMP)
+    done = clusterrun("up", LOCAL, "dump.py", "--hang-timeout", "60", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    run = only_run(tmp_path / "runs")
+    for rank in (0, 1):
+        assert (run / "flight" / f"nccl-rank{rank}").read_bytes() == f"dump of rank {rank}".encode()
+    assert f"read them with `torchfrtrace {run.relative_to(tmp_path)}/flight -p nccl-rank`" in done.stderr
+    status = json.loads((run / "status.json").read_text())
+    assert [e["kind"] for e in status["events"]] == ["flight-dump"]
 
 
 CHATTY = """

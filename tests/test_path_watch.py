@@ -121,13 +121,17 @@ def test_hang_gets_every_ranks_stack_and_names_the_stuck_one(sim_cluster: SimClu
     assert "no rank has printed anything for" in done.stderr
     assert "ranks 0-2 in all_reduce (stuck.py:18)" in done.stderr, done.stderr
     assert "rank 3 in stuck_here (stuck.py:7)   <- the odd one out" in done.stderr
+    assert ("default_pg: ranks 0-2 wait in all_reduce #4; rank 3 never called it (last collective: all_reduce #3)"
+            in done.stderr), done.stderr  # torch's flight recorder, asked of every rank on both nodes
     run = the_run(tmp_path)
     for rank in range(4):
         saved = (run / f"node{rank // 2}" / f"stack-rank{rank}.txt").read_text()
         assert saved.startswith(f"# rank {rank} on node{rank // 2}, taken with faulthandler")
         assert 'in train' in saved
+        assert (run / f"node{rank // 2}" / f"flight-rank{rank}.json").stat().st_size > 0
     st = status(run)
-    assert [e["kind"] for e in st["events"] if e["kind"].startswith("hang")] == ["hang", "hang-stacks"]
+    assert [e["kind"] for e in st["events"] if e["kind"].startswith("hang")] == ["hang", "hang-stacks",
+                                                                                "hang-collectives"]
     assert st["first_failure"]["detail"].startswith("hung: no rank printed anything")
     assert_nothing_left(sim_cluster, run.name)
 

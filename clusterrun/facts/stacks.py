@@ -101,6 +101,12 @@ def _ranges(ranks: list[int]) -> str:
     return ",".join(parts)
 
 
+def ranks_text(ranks: Iterable[int]) -> str:
+    """``rank 3`` or ``ranks 0-2,5``."""
+    ordered = sorted(set(ranks))
+    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {_ranges(ordered)}"
+
+
 def digest(dumps: Mapping[int, str]) -> list[str]:
     """One line per place, most ranks first; the places fewer ranks are in than the most common one are marked
     as the odd ones out (only when one place holds most ranks). Ranks whose dump could not be read are named."""
@@ -117,9 +123,9 @@ def digest(dumps: Mapping[int, str]) -> list[str]:
     clear_majority = len(groups) > 1 and sum(len(g) == top for _, g in groups) == 1
     lines = []
     for spot, ranks in groups:
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
+        who = ranks_text(ranks)
         odd = clear_majority and len(ranks) < top
         lines.append(f"{who} in {spot}" + ("   <- the odd one out" if odd else ""))
     if unread:
-        lines.append(f"{'rank' if len(unread) == 1 else 'ranks'} {_ranges(unread)}: no stack could be read")
+        lines.append(f"{ranks_text(unread)}: no stack could be read")
     return lines

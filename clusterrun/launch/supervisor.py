@@ -101,7 +101,7 @@ class Supervisor:
         self.hang: HangWatch | None = None
         if self.settings.hang_timeout:
             self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, self._send_running,
-                                  self._save_stack, self.console.info, self._record,
+                                  self._save, self.console.info, self._record,
                                   lambda why: self._fail(Failure(plan.master.name, None, 1, None, f"hung: {why}")))
         self.stragglers = StragglerWatch(self.console.info, self._record) if plan.nnodes > 1 else None
         self.watch: DataPathWatch | None = None
@@ -118,7 +118,7 @@ class Supervisor:
         spec = agent_spec(node, self.plan.run_id, grace=self.settings.grace,
                           heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name))
         if self.hang is not None:
-            spec["stacks"] = {"hook": remote.source("stackhook")}
+            spec["stacks"] = {"hook": remote.source("stackhook"), "flight": True}
         if self.stragglers is not None:
             spec["load_every"] = self.settings.load_every
         if self.watch is not None:
@@ -196,6 +196,8 @@ class Supervisor:
             self.stragglers.on_load(name, event)
         elif kind == protocol.STACK and self.hang is not None:
             self.hang.on_stack(name, event, item.payload)
+        elif kind == protocol.FLIGHT and self.hang is not None:
+            self.hang.on_flight(name, event, item.payload)
         elif kind == protocol.STACKS_DONE and self.hang is not None:
             self.hang.on_done(name)
         elif kind == protocol.WATCHING and self.watch is not None:
@@ -346,6 +348,10 @@ class Supervisor:
                     draining and now - self._last_progress.get(n, 0.0) < self.settings.stop_timeout)]
                 self._give_up(stuck)
         self.outcome.ended = time.time()
+        note = self.hang.timeout_dumps_note() if self.hang is not None else None
+        if note:
+            self.console.info(note)
+            self._record({"time": time.time(), "node": "-", "kind": "flight-dump", "text": note})
 
     def _check_silent(self, now: float) -> None:
         """A node that answers no heartbeat for heartbeat_timeout is lost (network gone, node down)."""
@@ -364,10 +370,10 @@ class Supervisor:
             if name not in self._ended:
                 stream.send(line)
 
-    def _save_stack(self, node: str, rank: int, how: str, text: str) -> str:
-        path = self.run_dir.node_dir(node) / f"stack-rank{rank}.txt"
-        path.write_text(f"# rank {rank} on {node}, taken with {how} at {time.strftime('%H:%M:%S')}\n{text}",
-                        encoding="utf-8")
+    def _save(self, relpath: str, data: bytes) -> str:
+        path = self.run_dir.path / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
         return str(path)
 
     def _record(self, event: dict[str, Any]) -> None:

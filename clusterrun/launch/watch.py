@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clusterrun.facts.flight import digest as flight_digest
 from clusterrun.facts.stacks import digest
 from clusterrun.remote import protocol
 
@@ -183,17 +184,19 @@ class DataPathWatch:
 
 
 class HangWatch:
-    """``--hang-timeout``: when no rank has printed anything for that long, every rank's stack, and a digest.
+    """``--hang-timeout``: when no rank has printed anything for that long, every rank's stack and its recent
+    collectives (torch's flight recorder), and a digest of both.
 
-    ``send_all(line)`` writes a command to every running agent; ``save(node, rank, how, text)`` keeps one
-    rank's dump (runs/<id>/<node>/stack-rank<R>.txt) and returns where; ``say``, ``record`` as for
-    :class:`DataPathWatch`; ``stop(reason)`` is called with ``on_hang == "stop"`` once the digest is out.
+    ``send_all(line)`` writes a command to every running agent; ``save(relpath, data)`` keeps a file under the
+    run directory (runs/<id>/<node>/stack-rank<R>.txt, flight-rank<R>.json) and returns where; ``say``,
+    ``record`` as for :class:`DataPathWatch`; ``stop(reason)`` is called with ``on_hang == "stop"`` once the
+    digest is out.
     """
 
     COLLECT_FOR = 30.0  # seconds to wait for every node's dumps
 
     def __init__(self, timeout: float, on_hang: str, send_all: Callable[[str], object],
-                 save: Callable[[str, int, str, str], str], say: Callable[[str], None],
+                 save: Callable[[str, bytes], str], say: Callable[[str], None],
                  record: Callable[[dict[str, Any]], None], stop: Callable[[str], None]) -> None:
         self.timeout, self.on_hang = timeout, on_hang
         self.send_all, self.save, self.say, self.record, self.stop = send_all, save, say, record, stop
@@ -201,8 +204,10 @@ class HangWatch:
         self.collecting_since: float | None = None
         self.diagnosed_at: float | None = None  # this silence was diagnosed (a reminder follows every timeout)
         self.dumps: dict[int, str] = {}
+        self.flights: dict[int, bytes] = {}
         self.done: set[str] = set()
         self.where: list[str] = []
+        self.timeout_dumps: list[str] = []
 
     def output(self, now: float) -> None:
         self.last_output = now
@@ -211,10 +216,31 @@ class HangWatch:
             self.say("the job prints again")
 
     def on_stack(self, node: str, event: Mapping[str, Any], payload: bytes) -> None:
-        rank = int(event.get("rank", -1))
+        rank, how = int(event.get("rank", -1)), str(event.get("how"))
         text = payload.decode("utf-8", errors="replace")
-        self.dumps[rank] = text if event.get("how") != "none" else ""
-        self.where.append(self.save(node, rank, str(event.get("how")), text))
+        self.dumps[rank] = text if how != "none" else ""
+        header = f"# rank {rank} on {node}, taken with {how} at {time.strftime('%H:%M:%S')}\n"
+        self.where.append(self.save(f"{node}/stack-rank{rank}.txt", header.encode() + payload))
+
+    def on_flight(self, node: str, event: Mapping[str, Any], payload: bytes) -> None:
+        """One rank's flight recorder: asked for (JSON, kept for the digest) or dumped by torch's watchdog when
+        a collective timed out (torch's own format, for ``torchfrtrace``)."""
+        rank = int(event.get("rank", -1))
+        if event.get("format") == "timeout":
+            if payload:
+                self.timeout_dumps.append(self.save(f"flight/nccl-rank{rank}", payload))
+            return
+        self.flights[rank] = payload or json.dumps({"error": str(event.get("why") or "no dump")}).encode()
+        if payload:
+            self.save(f"{node}/flight-rank{rank}.json", payload)
+
+    def timeout_dumps_note(self) -> str | None:
+        """What to say about the dumps torch's watchdog wrote itself, once the run is over."""
+        if not self.timeout_dumps:
+            return None
+        folder = str(Path(self.timeout_dumps[0]).parent)
+        return (f"a collective timed out and torch dumped its flight recorder on {len(self.timeout_dumps)} "
+                f"rank(s): read them with `torchfrtrace {folder} -p nccl-rank`")
 
     def on_done(self, node: str) -> None:
         self.done.add(node)
@@ -224,7 +250,7 @@ class HangWatch:
         if stopping:
             return
         if self.collecting_since is None and self.diagnosed_at is None and silent >= self.timeout:
-            self.collecting_since, self.dumps, self.done, self.where = now, {}, set(), []
+            self.collecting_since, self.dumps, self.flights, self.done, self.where = now, {}, {}, set(), []
             self.say(f"no rank has printed anything for {silent:.0f}s: taking every rank's stack")
             self.record({"time": time.time(), "node": "-", "kind": "hang",
                          "text": f"no output from any rank for {silent:.0f}s"})
@@ -243,13 +269,19 @@ class HangWatch:
     def _digest(self, now: float, silent: float) -> None:
         self.collecting_since, self.diagnosed_at = None, now
         lines = digest(self.dumps) if self.dumps else ["no rank's stack could be taken (no worker found)"]
+        collectives = flight_digest(self.flights) if self.flights else []
         where = sorted({str(Path(p).parent) for p in self.where})
         self.say("where the ranks are:\n" + "\n".join(f"    {line}" for line in lines)
-                 + (f"\n  stacks in {', '.join(where)}/stack-rank<R>.txt" if where else ""))
+                 + ("\n  in torch.distributed (flight recorder):\n" + "\n".join(f"    {line}" for line in collectives)
+                    if collectives else "")
+                 + (f"\n  stacks in {', '.join(where)}/stack-rank<R>.txt"
+                    + (" (collectives: flight-rank<R>.json)" if self.flights else "") if where else ""))
         self.record({"time": time.time(), "node": "-", "kind": "hang-stacks", "text": "; ".join(lines)})
+        if collectives:
+            self.record({"time": time.time(), "node": "-", "kind": "hang-collectives", "text": "; ".join(collectives)})
         if self.on_hang == "stop":
             self.stop(f"no rank printed anything for {silent:.0f}s (--hang-timeout {self.timeout:g}); "
-                      + "; ".join(lines))
+                      + "; ".join(line.split("   <- ")[0] for line in lines + collectives))
 
 
 class StragglerWatch:

@@ -48,7 +48,7 @@ def _packed(name: str) -> str:
     return base64.b64encode(zlib.compress(source(name).encode(), 9)).decode("ascii")
 
 
-AGENT_MODULES = ("protocol", "wire", "tailing", "pathwatch", "stacks")  # in import order  # what the agent imports, sent with it
+AGENT_MODULES = ("protocol", "wire", "tailing", "pathwatch", "stacks", "flight")  # in import order  # what the agent imports, sent with it
 
 
 @lru_cache(maxsize=1)

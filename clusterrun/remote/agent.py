@@ -35,8 +35,9 @@ import threading
 import time
 
 if __package__:  # imported as part of clusterrun (by clusterrun itself, by tests)
-    from clusterrun.remote import pathwatch, protocol, stacks, tailing, wire
+    from clusterrun.remote import flight, pathwatch, protocol, stacks, tailing, wire
 else:  # run on a node: as a file beside its modules, or sent inline with them (see clusterrun.remote.argv)
+    import flight
     import pathwatch
     import protocol
     import stacks
@@ -225,6 +226,7 @@ class Agent:
         self.stopping = threading.Event()
         self.last_ping = time.monotonic()
         self.watch = None  # the data-path watch (pathwatch.PathWatch), when clusterrun asked for one
+        self.flight = False  # torch's flight recorder is on in the workers
 
     def _argv(self) -> list:
         # A leading '~/' means the node user's home, as a shell would expand it.
@@ -283,7 +285,8 @@ class Agent:
                 wire.emit({"ev": protocol.LOAD, "cpu": cpu, "time": time.time()})
 
     def _dump_stacks(self) -> None:
-        """Every worker's stack, one ``stack`` event each (the dump as payload), then ``stacks_done``."""
+        """Every worker's stack, one ``stack`` event each (the dump as payload), then, where the flight recorder
+        is on, every worker's recent collectives (``flight`` events), then ``stacks_done``."""
         found = stacks.workers(descendants(os.getpid()))
         offset = int(self.spec.get("rank_offset", 0))
         folder = os.path.join(self.run_dir, "stacks")
@@ -291,7 +294,19 @@ class Agent:
             how, text = stacks.dump(pid, folder)
             wire.emit({"ev": protocol.STACK, "rank": offset + local_rank, "how": how, "pid": pid},
                  text.encode(errors="replace"))
+        if self.flight:
+            by_pid = {pid: local_rank for local_rank, pid in found.items()}
+            for pid, (data, why) in sorted(flight.request(sorted(by_pid), flight.folder(self.run_dir)).items()):
+                wire.emit({"ev": protocol.FLIGHT, "rank": offset + by_pid[pid], "pid": pid, "why": why,
+                           "format": "json"}, data or b"")
         wire.emit({"ev": protocol.STACKS_DONE, "count": len(found)})
+
+    def _send_timeout_dumps(self) -> None:
+        """What torch's watchdog dumped itself when a collective timed out (``flight`` events, torch's format)."""
+        for rank, path in flight.timeout_dumps(flight.folder(self.run_dir)):
+            data, why = flight.read_dump(path)
+            wire.emit({"ev": protocol.FLIGHT, "rank": rank, "why": why, "format": "timeout", "path": path},
+                      data or b"")
 
     def _start_watch(self) -> None:
         """Bind the data-path watch on this node's data address and tell clusterrun its port."""
@@ -347,6 +362,9 @@ class Agent:
         if (self.spec.get("stacks") or {}).get("hook"):
             try:  # the workers' stack hook, for hang diagnosis without py-spy
                 env.update(stacks.hook_env(self.run_dir, self.spec["stacks"]["hook"], env))
+                if self.spec["stacks"].get("flight"):
+                    env.update(flight.env(self.run_dir, env, flight.torch_version()))
+                    self.flight = True
             except OSError as exc:
                 wire.emit({"ev": protocol.LAUNCHER, "text": f"clusterrun: no stack hook ({exc}); stacks need py-spy"})
         cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
@@ -409,6 +427,8 @@ class Agent:
         while not tailer.done.wait(0.5):
             if time.monotonic() - max(tailer.progress, wire.last_progress()) > stall:
                 break
+        if self.flight:
+            self._send_timeout_dumps()
         ranks = parse_failures(self.launcher_lines)
         for rank, started in tailer.started_at.items():
             # torchrun's 0 says every rank ended well, unless the job was stopped (then torchrun's code says little).

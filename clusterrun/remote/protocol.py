@@ -49,7 +49,7 @@ STARTED, OUT, LAUNCHER, ERROR, RANK_FAILED, PONG, EXIT = ("started", "out", "lau
                                                           "pong", "exit")
 SWEPT, ALIVE, LOG, RECORD, LINE = "swept", "alive", "log", "record", "line"
 WATCHING, PATH = "watching", "path"
-STACK, STACKS_DONE, LOAD = "stack", "stacks_done", "load"
+STACK, STACKS_DONE, LOAD, FLIGHT = "stack", "stacks_done", "load", "flight"
 STREAM_ERROR = "stream_error"  # made by clusterrun's reader when a stream fails, never sent by an agent
 # Commands (clusterrun -> agent), one per line on the agent's stdin.
 PING, TERM, KILL, WATCH, STACKS = "ping", "term", "kill", "watch", "stacks"

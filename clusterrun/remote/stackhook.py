@@ -4,8 +4,12 @@ The node agent writes this file as ``<run dir>/hooks/sitecustomize.py`` and puts
 the workers' PYTHONPATH. In a process that torchrun started (``LOCAL_RANK`` is set) and that carries
 ``CLUSTERRUN_STACKS`` (a directory), it registers :mod:`faulthandler` on signal ``CLUSTERRUN_STACK_SIGNAL``
 to write every thread's stack to ``<dir>/stack-<pid>.txt``, and marks ``<dir>/hooked-<pid>`` so that
-the agent sends that signal only to processes that will not die of it. Then it runs the site's own
-``sitecustomize``, if there is one further along the path, so nothing the environment sets up is lost.
+the agent sends that signal only to processes that will not die of it. With ``CLUSTERRUN_FLIGHT`` (a
+directory) it also serves torch's flight recorder: a thread waits on the FIFO ``<dir>/ask-<pid>`` and, each time
+the agent writes to it, writes torch's JSON dump of this process's recent collectives to
+``<dir>/flight-<pid>.json`` (a thread, because the main thread of a hung rank is blocked inside torch and
+would run no Python signal handler). Then it runs the site's own ``sitecustomize``, if there is one further
+along the path, so nothing the environment sets up is lost.
 """
 
 import os
@@ -30,6 +34,58 @@ def _install():
         pass  # no stacks from this process then; it runs as it would without clusterrun
 
 
+def _flight_dump():
+    """torch's JSON dump of this process's flight recorder, or a JSON note saying why there is none."""
+    import json
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return json.dumps({"error": "torch.distributed is not initialised in this process"}).encode()
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    dump = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
+    if dump is None:
+        return json.dumps({"error": "this torch has no flight recorder for this backend"}).encode()
+    data = dump(includeCollectives=True, onlyActive=False)
+    return data if isinstance(data, bytes) else str(data).encode()
+
+
+def _serve_flight(folder, fifo):
+    out = os.path.join(folder, "flight-%d.json" % os.getpid())
+    while True:
+        try:
+            with open(fifo, "rb") as fh:  # blocks until the agent opens it to write
+                fh.read()
+        except OSError:
+            return
+        try:
+            data = _flight_dump()
+        except Exception as exc:  # the dump is a diagnosis: it must never hurt the rank
+            data = ('{"error": "flight recorder dump failed: %s"}' % type(exc).__name__).encode()
+        try:
+            with open(out + ".part", "wb") as fh:
+                fh.write(data)
+            os.replace(out + ".part", out)  # whole when it appears
+        except OSError:
+            pass
+
+
+def _install_flight():
+    folder = os.environ.get("CLUSTERRUN_FLIGHT")
+    if not folder or os.environ.get("LOCAL_RANK") is None:
+        return
+    try:
+        import threading
+
+        os.makedirs(folder, exist_ok=True)
+        fifo = os.path.join(folder, "ask-%d" % os.getpid())
+        if os.path.exists(fifo):
+            os.unlink(fifo)
+        os.mkfifo(fifo, 0o600)
+        threading.Thread(target=_serve_flight, args=(folder, fifo), daemon=True, name="clusterrun-flight").start()
+    except (OSError, RuntimeError):
+        pass  # no flight recorder dumps from this process then
+
+
 def _chain():
     """Import the sitecustomize that this one hides, if any."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -50,4 +106,5 @@ def _chain():
 
 
 _install()
+_install_flight()
 _chain()
