@@ -308,8 +308,8 @@ class Bench:
         d = self.fresh(f"cr{n}")
         runs = d / "runs"
         runs.mkdir()
-        argv = [sys.executable, "-m", "clusterrun", "up", str(self.inventory(n)), str(self.flood),
-                "--lines", str(lines), "--nproc-per-node", str(self.nproc), "--runs-dir", str(runs)]
+        argv = [sys.executable, "-m", "clusterrun", "up", "--nproc-per-node", str(self.nproc), "--runs-dir", str(runs),
+                str(self.inventory(n)), str(self.flood), "--lines", str(lines)]
         t0 = time.perf_counter()
         p = start(argv, self.work, self.env, d / "stdout", d / "stderr")
         res: dict = {"tool": "clusterrun", "nodes": n, "lines": lines, "timeout_s": self.run_timeout(n, lines),

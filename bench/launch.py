@@ -145,8 +145,8 @@ class Bench:
         return self.inventories[n]
 
     def clusterrun_argv(self, n: int, script: str, runs: Path, *args: str) -> list[str]:
-        return [sys.executable, "-m", "clusterrun", "up", str(self.inventory(n)), str(self.work / script),
-                "--nproc-per-node", "1", "--runs-dir", str(runs), "-q", *args]
+        return [sys.executable, "-m", "clusterrun", "up", "--nproc-per-node", "1", "--runs-dir", str(runs), "-q",
+                str(self.inventory(n)), str(self.work / script), *args]
 
     def hosts(self, n: int) -> list[str]:
         return [node.name for node in self.cluster.nodes[:n]]

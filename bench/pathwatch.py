@@ -306,12 +306,12 @@ class Bench:
     def start_timeout(self, n: int) -> float:
         return START_TIMEOUT_BASE + START_TIMEOUT_PER_NODE * n
 
-    def start(self, tag: str, n: int, *args: str) -> tuple[Job, Path]:
+    def start(self, tag: str, n: int, *args: str, options: tuple[str, ...] = ()) -> tuple[Job, Path]:
         self.counter += 1
         d = self.work / f"{tag}{n}-{self.counter}"
         (d / "runs").mkdir(parents=True)
-        argv = [sys.executable, "-m", "clusterrun", "up", str(self.inventory(n)), str(self.job_py), *args,
-                "--nproc-per-node", "1", "--runs-dir", str(d / "runs")]
+        argv = [sys.executable, "-m", "clusterrun", "up", "--nproc-per-node", "1", "--runs-dir", str(d / "runs"),
+                *options, str(self.inventory(n)), str(self.job_py), *args]
         return Job(argv, self.work, self.env, d, n), d
 
     @staticmethod
@@ -444,7 +444,7 @@ class Bench:
         names = [x.name for x in self.cluster.nodes[:n]]
         flag = [] if watch else ["--no-path-watch"]
         job, d = self.start("cost", n, "--seconds", str(HEALTHY_SECONDS), "--every", str(LOOP_EVERY),
-                            "--sleep", str(LOOP_SLEEP), "--numel", str(LOOP_NUMEL), *flag)
+                            "--sleep", str(LOOP_SLEEP), "--numel", str(LOOP_NUMEL), options=tuple(flag))
         res: dict = {"nodes": n, "watch_on": watch}
         try:
             ok = job.wait_for(lambda: len(job.first_step) >= n, self.start_timeout(n))

@@ -33,8 +33,8 @@ SCRIPT = "import os\nprint('rank', os.environ['RANK'])\n"
 def run(inv: Path, work: Path, mode: str, tag: str) -> dict:
     runs = work / f"runs-{tag}"
     t0 = time.time()
-    done = subprocess.run([sys.executable, "-m", "clusterrun", "up", str(inv), str(work / "job.py"), "-q",
-                           "--preflight", mode, "--runs-dir", str(runs)], cwd=work, env=clusterrun_env(),
+    done = subprocess.run([sys.executable, "-m", "clusterrun", "up", "-q", "--preflight", mode, "--runs-dir",
+                           str(runs), str(inv), str(work / "job.py")], cwd=work, env=clusterrun_env(),
                           capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
     out: dict = {"rc": done.returncode, "total_s": time.time() - t0}
     with contextlib.suppress(StopIteration, OSError, ValueError, KeyError, TypeError):

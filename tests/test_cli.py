@@ -45,7 +45,7 @@ def test_top_level_help_imports_nothing_heavy() -> None:
 
 
 def test_plan_json_two_node(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = cli(capsys, "plan", TWO_NODE, TRAIN, "--json")
+    code, out, _ = cli(capsys, "plan", "--json", TWO_NODE, TRAIN)
     assert code == 0
     plan = json.loads(out)
     nodes = plan["nodes"]
@@ -56,19 +56,20 @@ def test_plan_json_two_node(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_plan_json_infiniband(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = cli(capsys, "plan", IB, "train.py", "--json")
+    code, out, _ = cli(capsys, "plan", "--json", IB, "train.py")
     assert code == 0  # shared_fs: the script need not exist here
     assert {n["env"]["NCCL_IB_HCA"] for n in json.loads(out)["nodes"]} == {"=mlx5_0:1,mlx5_1:1"}
 
 
 def test_script_args_are_passed_through(capsys: pytest.CaptureFixture[str]) -> None:
-    # Our own options may follow SCRIPT; anything else goes to the script in order; after `--`, all of it does.
-    code, out, _ = cli(capsys, "plan", TWO_NODE, TRAIN, "--lr", "0.1", "--json", "--epochs=5", "-x",
-                       "--", "--json", "-e", "A=1")
+    # As with torchrun, everything after SCRIPT is the script's, even options clusterrun has too, in order.
+    code, out, _ = cli(capsys, "plan", "--json", TWO_NODE, TRAIN, "--lr", "0.1", "--json", "--epochs=5", "-x",
+                       "--", "-e", "A=1", "-m", "foo", "~/data")
     assert code == 0
     node = json.loads(out)["nodes"][0]
-    assert node["argv"][-8:] == [node["script"], "--lr", "0.1", "--epochs=5", "-x", "--json", "-e", "A=1"]
-    assert "A" not in node["env"]
+    assert node["argv"][-12:] == [node["script"], "--lr", "0.1", "--json", "--epochs=5", "-x", "--", "-e", "A=1",
+                                  "-m", "foo", "~/data"]
+    assert "A" not in node["env"] and node["argv"][node["argv"].index(node["script"]) - 1] != "-m"
 
 
 def test_options_before_script_shape_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,7 +88,7 @@ def test_plan_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_dry_run_prints_the_same_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    _, planned, _ = cli(capsys, "plan", TWO_NODE, TRAIN, "--json")
+    _, planned, _ = cli(capsys, "plan", "--json", TWO_NODE, TRAIN)
     code, dry, _ = cli(capsys, "up", "--dry-run", "--json", TWO_NODE, TRAIN)
     assert code == 0
     strip = lambda text: {k: v for k, v in json.loads(text).items() if k != "run_id"}  # noqa: E731
@@ -147,14 +148,14 @@ def test_shipped_inventories_validate_against_the_schema() -> None:
 def test_local_runs_take_a_free_master_port_unless_one_is_asked_for(capsys: pytest.CaptureFixture[str],
                                                                     tmp_path: Path) -> None:
     local = str(ROOT / "inventories" / "localhost.yaml")
-    assert main(["plan", local, TRAIN, "--json"]) == 0
+    assert main(["plan", "--json", local, TRAIN]) == 0
     port = json.loads(capsys.readouterr().out)["master_port"]
     assert port != 29500  # two runs on one machine must not collide on the default
-    assert main(["plan", local, TRAIN, "--json", "--master-port", "29511"]) == 0
+    assert main(["plan", "--json", "--master-port", "29511", local, TRAIN]) == 0
     assert json.loads(capsys.readouterr().out)["master_port"] == 29511
     pinned = tmp_path / "pinned.yaml"
     pinned.write_text((ROOT / "inventories" / "localhost.yaml").read_text() + "network: {master_port: 29512}\n")
-    assert main(["plan", str(pinned), TRAIN, "--json"]) == 0
+    assert main(["plan", "--json", str(pinned), TRAIN]) == 0
     assert json.loads(capsys.readouterr().out)["master_port"] == 29512
-    assert main(["plan", TWO_NODE, TRAIN, "--json"]) == 0  # SSH nodes: the inventory's (default) port
+    assert main(["plan", "--json", TWO_NODE, TRAIN]) == 0  # SSH nodes: the inventory's (default) port
     assert json.loads(capsys.readouterr().out)["master_port"] == 29500

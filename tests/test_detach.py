@@ -25,7 +25,7 @@ SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(300)\n"
 
 def detach(inv: Path, cwd: Path, script: str) -> str:
     started = time.monotonic()
-    done = run_clusterrun("up", str(inv), script, "--detach", cwd=cwd)
+    done = run_clusterrun("up", "--detach", str(inv), script, cwd=cwd)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 30
     run_id = done.stdout.strip()

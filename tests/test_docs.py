@@ -101,3 +101,41 @@ def test_every_environment_rule_is_documented(rule: str) -> None:
 @pytest.mark.parametrize("name", list(all_checks()))
 def test_every_doctor_check_is_documented(name: str) -> None:
     assert f"| `{name}` |" in DOCTOR_MD.read_text(encoding="utf-8"), "add a row for the check to docs/doctor.md"
+
+
+def _documented_job_commands() -> list[pytest.param]:
+    """Every `clusterrun up|plan ...` line of the docs, the README and the commands' own examples."""
+    import shlex
+
+    sources = [*sorted(DOCS.glob("*.md")), DOCS.parent / "README.md", *sorted((DOCS.parent / "clusterrun" / "cli")
+                                                                                  .glob("*_cmd.py"))]
+    found = []
+    for path in sources:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            at = line.find("clusterrun up ") if "clusterrun up " in line else line.find("clusterrun plan ")
+            if at < 0:
+                continue
+            text = line[at:].split("  #")[0].split("`")[0].split(" | ")[0].split('"""')[0].rstrip(" \\")
+            try:
+                words = shlex.split(text)
+            except ValueError:
+                continue
+            found.append(pytest.param(words, id=f"{path.name}:{number}"))
+    return found
+
+
+@pytest.mark.parametrize("words", _documented_job_commands())
+def test_documented_commands_give_clusterrun_its_options_before_script(words: list[str]) -> None:
+    """After SCRIPT everything is the script's (as with torchrun): an example with clusterrun's options there
+    would teach users a command that silently does something else."""
+    from clusterrun.cli.job_argv import _options, split
+    from clusterrun.cli.main import cli
+
+    import click
+
+    command = cli.get_command(click.Context(cli), words[1])
+    assert command is not None
+    _ours, _positionals, script_args, explicit = split(command, words[2:], ("--ips", "--hostfile", "--slurm"))
+    ours = _options(command)
+    mine = [w for w in script_args if w.split("=")[0] in ours and w not in ("--epochs", "--lr") and not explicit]
+    assert not mine, f"{' '.join(words)}: {mine} would go to the script"

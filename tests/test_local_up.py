@@ -42,7 +42,7 @@ time.sleep(100)
 
 def clusterrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     # A free master port: another job on this machine may hold the default 29500.
-    args = (*args[:3], "--master-port", str(free_port()), *args[3:])
+    args = (*args[:1], "--master-port", str(free_port()), *args[1:])
     return subprocess.run([sys.executable, "-m", "clusterrun", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
 
@@ -94,8 +94,8 @@ def test_a_failing_rank_stops_the_others_and_is_named(tmp_path: Path) -> None:
 
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     (tmp_path / "sleeper.py").write_text(SLEEPER)
-    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", LOCAL, "sleeper.py", "--master-port",
-                             str(free_port())], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", "--master-port", str(free_port()), LOCAL,
+                             "sleeper.py"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     try:
         seen: set[str] = set()
@@ -124,7 +124,7 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
 
 def test_quiet_and_rank_filter_still_log_everything(tmp_path: Path) -> None:
     (tmp_path / "hello.py").write_text('import os; print("hello from", os.environ["RANK"], flush=True)\n')
-    done = clusterrun("up", LOCAL, "hello.py", "--ranks", "1", cwd=tmp_path)
+    done = clusterrun("up", "--ranks", "1", LOCAL, "hello.py", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "[localhost:1] hello from 1" in done.stdout and "hello from 0" not in done.stdout
     run = only_run(tmp_path / "runs")
@@ -155,7 +155,7 @@ def test_hang_timeout_takes_every_ranks_stack_and_waits_with_a_reminder(tmp_path
     """--on-hang wait: the stacks and the digest, then a reminder; the job is left to its --timeout. With py-spy
     on this machine's PATH the stacks are py-spy's, otherwise the faulthandler hook's."""
     (tmp_path / "hang.py").write_text(HANG)
-    done = clusterrun("up", LOCAL, "hang.py", "--hang-timeout", "8", "--timeout", "30", cwd=tmp_path)
+    done = clusterrun("up", "--hang-timeout", "8", "--timeout", "30", LOCAL, "hang.py", cwd=tmp_path)
     assert done.returncode == 124, done.stderr  # stopped by its time limit, not by the hang
     assert "rank 0 in all_reduce (hang.py:16)" in done.stderr and "rank 1 in stuck_here (hang.py:7)" in done.stderr
     assert "(--on-hang wait)" in done.stderr  # the reminder after another 8 s of silence
@@ -183,7 +183,7 @@ sys.exit(1 if rank == "1" else 0)
 
 def test_dumps_torchs_watchdog_writes_are_gathered_into_the_run(tmp_path: Path) -> None:
     (tmp_path / "dump.py").write_text(WATCHDOG_DUMP)
-    done = clusterrun("up", LOCAL, "dump.py", "--hang-timeout", "60", cwd=tmp_path)
+    done = clusterrun("up", "--hang-timeout", "60", LOCAL, "dump.py", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     run = only_run(tmp_path / "runs")
     for rank in (0, 1):
@@ -191,6 +191,19 @@ def test_dumps_torchs_watchdog_writes_are_gathered_into_the_run(tmp_path: Path) 
     assert f"read them with `torchfrtrace {run.relative_to(tmp_path)}/flight -p nccl-rank`" in done.stderr
     status = json.loads((run / "status.json").read_text())
     assert [e["kind"] for e in status["events"]] == ["flight-dump"]
+
+
+def test_the_script_gets_its_arguments_exactly_as_typed(tmp_path: Path) -> None:
+    """As with torchrun: after SCRIPT nothing is clusterrun's (its -q, --timeout, -m), and ~/ is not expanded."""
+    (tmp_path / "args.py").write_text("import json, sys\nprint('ARGS', json.dumps(sys.argv[1:]), flush=True)\n")
+    args = ["--lr", "0.1", "--timeout", "30", "-q", "--json", "-m", "foo", "~/data", "--", "--dry-run"]
+    done = clusterrun("up", LOCAL, "args.py", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    run = only_run(tmp_path / "runs")
+    for rank in (0, 1):
+        line = (run / "localhost" / f"rank{rank}.log").read_text().strip()
+        assert json.loads(line.removeprefix("ARGS ")) == args
+    assert "note: --dry-run after SCRIPT goes to the script" in done.stderr
 
 
 CHATTY = """
@@ -206,8 +219,8 @@ for i in range(3000):
 def test_closed_stdout_stops_the_screen_not_the_job(tmp_path: Path) -> None:
     """`clusterrun up ... | head -2`: the reader goes away; the job runs to its end and its logs are whole."""
     (tmp_path / "chatty.py").write_text(CHATTY)
-    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", LOCAL, "chatty.py", "--master-port",
-                             str(free_port())], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", "--master-port", str(free_port()), LOCAL,
+                             "chatty.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL)
     try:
         assert proc.stdout is not None

@@ -87,8 +87,8 @@ def test_up_posts_start_and_end_and_a_hanging_hook_does_not_hold_it(hook: _Hook,
     ends at once (within the one second clusterrun waits for it)."""
     pytest.importorskip("torch", reason="local runs need the torch extra")
     (tmp_path / "hi.py").write_text("import os\nprint('hi', os.environ['RANK'], flush=True)\n")
-    done = subprocess.run([sys.executable, "-m", "clusterrun", "up", str(ROOT / "inventories" / "localhost.yaml"),
-                           "hi.py", "--nproc-per-node", "1", "--notify", hook.url], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "clusterrun", "up", "--nproc-per-node", "1", "--notify", hook.url,
+                           str(ROOT / "inventories" / "localhost.yaml"), "hi.py"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
     assert done.returncode == 0, done.stderr
     run_id = next(p.name for p in (tmp_path / "runs").iterdir())

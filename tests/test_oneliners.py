@@ -25,7 +25,7 @@ def ip_ssh_config(cluster: SimCluster, path: Path) -> Path:
 
 def plan_json(cwd: Path, *args: str) -> dict:
     (cwd / "x.py").write_text("")
-    done = run_clusterrun("plan", *args, "x.py", "--json", cwd=cwd)
+    done = run_clusterrun("plan", "--json", *args, "x.py", cwd=cwd)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -72,7 +72,7 @@ def test_nodes_picks_a_subset_of_an_inventory(sim_cluster: SimCluster, tmp_path:
     plan = plan_json(tmp_path, str(inv), "--nodes", "node[1-2]")
     assert [(n["name"], n["node_rank"]) for n in plan["nodes"]] == [("node1", 0), ("node2", 1)]
     assert plan["master_addr"] == sim_cluster.nodes[1].data_ip
-    done = run_clusterrun("plan", str(inv), "x.py", "--nodes", "gpu*", cwd=tmp_path)
+    done = run_clusterrun("plan", "--nodes", "gpu*", str(inv), "x.py", cwd=tmp_path)
     assert done.returncode == 2 and "selects no node" in done.stderr and "node[0-3]" in done.stderr
 
 
@@ -114,7 +114,7 @@ def test_init_writes_an_inventory_that_up_runs(sim_cluster: SimCluster, tmp_path
     assert again.returncode == 2 and "--force" in again.stderr and out.read_text() == text  # nothing overwritten
     assert run_clusterrun("check", str(out), cwd=tmp_path).returncode == 0
     (tmp_path / "worker.py").write_text(WORKER)
-    up = run_clusterrun("up", str(out), "worker.py", "--preflight", "quick", cwd=tmp_path)
+    up = run_clusterrun("up", "--preflight", "quick", str(out), "worker.py", cwd=tmp_path)
     assert up.returncode == 0, up.stderr
     assert {r["GLOO_SOCKET_IFNAME"] for r in reports(up.stdout)} == {sim_cluster.nodes[0].data_nic}
     assert "from the node" not in up.stderr  # the inventory already said everything

@@ -64,7 +64,7 @@ def test_dead_data_nic_is_named_and_the_job_stopped_within_seconds(sim_cluster: 
 def test_on_path_loss_warn_reports_and_lets_the_job_run(sim_cluster: SimCluster, tmp_path: Path) -> None:
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 3, nproc=1)
     (tmp_path / "quiet.py").write_text(QUIET_JOB)
-    proc = start_clusterrun("up", str(inv), "quiet.py", "--on-path-loss", "warn", cwd=tmp_path)
+    proc = start_clusterrun("up", "--on-path-loss", "warn", str(inv), "quiet.py", cwd=tmp_path)
     try:
         _wait_for_lines(proc, 3, "working")
         run = the_run(tmp_path)
@@ -115,7 +115,7 @@ def test_hang_gets_every_ranks_stack_and_names_the_stuck_one(sim_cluster: SimClu
     their PATH: the stacks come from the faulthandler hook clusterrun installs in every worker."""
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=2)
     (tmp_path / "stuck.py").write_text(ONE_RANK_STUCK)
-    done = run_clusterrun("up", str(inv), "stuck.py", "--hang-timeout", "10", "--on-hang", "stop", cwd=tmp_path,
+    done = run_clusterrun("up", "--hang-timeout", "10", "--on-hang", "stop", str(inv), "stuck.py", cwd=tmp_path,
                           timeout=120)
     assert done.returncode == 1, done.stderr
     assert "no rank has printed anything for" in done.stderr

@@ -215,7 +215,7 @@ def test_sync_dir_brings_sibling_modules_and_is_cached(sim_cluster: SimCluster, 
     run = the_run(tmp_path)
     node_code = Path.home() / ".clusterrun" / "runs" / run.name / "node1" / "code"
     assert (node_code / "pkg" / "helper.py").is_file() and not (node_code / "__pycache__").exists()
-    second = run_clusterrun("up", str(inv), "--sync", str(code), str(code / "train.py"), "--runs-dir", "runs2",
+    second = run_clusterrun("up", "--runs-dir", "runs2", str(inv), "--sync", str(code), str(code / "train.py"),
                             cwd=tmp_path)
     assert second.returncode == 0 and "copied" not in second.stderr, second.stderr
 
@@ -315,7 +315,7 @@ def test_environment_secrets_never_show_in_any_command_line(sim_cluster: SimClus
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     (tmp_path / "sleeper.py").write_text(
         f"import os, time\nprint('sleeping', os.environ['HF_TOKEN'] == {SECRET!r}, flush=True)\ntime.sleep(120)\n")
-    proc = start_clusterrun("up", str(inv), "sleeper.py", "-e", f"HF_TOKEN={SECRET}", cwd=tmp_path)
+    proc = start_clusterrun("up", "-e", f"HF_TOKEN={SECRET}", str(inv), "sleeper.py", cwd=tmp_path)
     try:
         _wait_for_lines(proc, 2, "sleeping True")  # the ranks have it
         run = the_run(tmp_path)

@@ -40,9 +40,9 @@ def hosts_only(cluster: SimCluster, path: Path, nodes: int) -> Path:
 def test_plan_probe_finds_the_data_nic_of_a_hosts_only_inventory(sim_cluster: SimCluster, tmp_path: Path) -> None:
     inv = hosts_only(sim_cluster, tmp_path / "cluster.yaml", 2)
     (tmp_path / "x.py").write_text("")
-    offline = json.loads(run_clusterrun("plan", str(inv), "x.py", "--json", cwd=tmp_path).stdout)
+    offline = json.loads(run_clusterrun("plan", "--json", str(inv), "x.py", cwd=tmp_path).stdout)
     assert offline["probed"] == [] and offline["master_addr"] == "node0"  # nothing known without the nodes
-    done = run_clusterrun("plan", str(inv), "x.py", "--json", "--probe", cwd=tmp_path)
+    done = run_clusterrun("plan", "--json", "--probe", str(inv), "x.py", cwd=tmp_path)
     plan = json.loads(done.stdout)
     assert plan["master_addr"] == sim_cluster.nodes[0].data_ip, done.stderr
     assert any(f"node1: {sim_cluster.nodes[1].data_nic} {sim_cluster.nodes[1].data_ip}/24" in p for p in plan["probed"])
@@ -108,7 +108,7 @@ def test_preflight_off_starts_and_the_failure_is_the_jobs(sim_cluster: SimCluste
     started = time.monotonic()
     # Without the check, node1's torchrun waits for the rendezvous store (15 min by default); the data-path watch
     # names the dead path within seconds (the time limit is only a safety net here).
-    done = run_clusterrun("up", str(inv), "worker.py", "--preflight", "off", "--timeout", "60", cwd=tmp_path)
+    done = run_clusterrun("up", "--preflight", "off", "--timeout", "60", str(inv), "worker.py", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     assert time.monotonic() - started < 90
     assert "node0: its data path died: it and node1 never reached each other on the data network" in done.stderr

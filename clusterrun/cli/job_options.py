@@ -15,10 +15,9 @@ from clusterrun.cli.sources_options import load_nodes, source_options, uses_sour
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: clusterrun's own options may come before or after SCRIPT; every other argument goes to the script in
-#: order, and everything after ``--`` goes to it verbatim (for a script option that clashes with ours).
-JOB_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": True,
-               "help_option_names": ["-h", "--help"], "max_content_width": 100}
+#: clusterrun's options come before SCRIPT; everything after SCRIPT goes to the script as typed (commands use
+#: :class:`clusterrun.cli.job_argv.JobCommand`).
+JOB_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def job_options(func: F) -> F:

@@ -6,19 +6,21 @@ from typing import Any
 
 import click
 
+from clusterrun.cli.job_argv import JobCommand
 from clusterrun.cli.job_options import JOB_CONTEXT, job_options, with_job
 
 
 @click.command(
+    cls=JobCommand,
     context_settings=JOB_CONTEXT,
     epilog="""\b
 Examples:
   clusterrun plan inventories/localhost.yaml examples/train_ddp.py
   clusterrun plan cluster.yaml train.py --epochs 5 --lr 0.1
-  clusterrun plan cluster.yaml train.py --json | jq '.nodes[].env'
-  clusterrun plan cluster.yaml train.py --probe            # with the NICs the nodes really have
-  clusterrun plan --ips 10.0.0.1,10.0.0.2 --gpus 0-7 train.py --json   # what a one-liner means
-  clusterrun plan cluster.yaml -m mypkg.train --nproc-per-node 4 -e NCCL_DEBUG=INFO""",
+  clusterrun plan --json cluster.yaml train.py | jq '.nodes[].env'
+  clusterrun plan --probe cluster.yaml train.py            # with the NICs the nodes really have
+  clusterrun plan --json --ips 10.0.0.1,10.0.0.2 --gpus 0-7 train.py   # what a one-liner means
+  clusterrun plan --nproc-per-node 4 -e NCCL_DEBUG=INFO cluster.yaml -m mypkg.train""",
 )
 @job_options
 @click.option("--probe", is_flag=True, help="Connect to the nodes and complete the plan with their NICs "
@@ -28,7 +30,7 @@ def plan(inv: Any, plan: Any, runs_dir: Any, as_json: bool, probe: bool) -> int:
     """Show what `up` would run on each node: node_rank, master address, the torchrun command and the environment.
 
     INVENTORY is the cluster's YAML file; SCRIPT and its ARGS are what torchrun runs on
-    every node (after `--`, verbatim). Nothing is started and, without --probe, no node is contacted: the plan
+    every node (everything after SCRIPT is the script's, as typed). Nothing is started and, without --probe, no node is contacted: the plan
     is exactly what the inventory says. `up` completes it with the nodes' NICs (as --probe shows) and runs it.
     """
     from clusterrun.cli.render import plan_json, print_plan

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from clusterrun.cli.job_argv import JobCommand
 from clusterrun.cli.job_options import JOB_CONTEXT, job_options, with_job
 
 
@@ -18,23 +19,24 @@ def _parse_ranks(value: str | None) -> set[int] | None:
 
 
 @click.command(
+    cls=JobCommand,
     context_settings=JOB_CONTEXT,
     epilog="""\b
 Examples:
   clusterrun up inventories/localhost.yaml examples/train_ddp.py
   clusterrun up cluster.yaml train.py --epochs 10 --lr 0.1
-  clusterrun up cluster.yaml train.py --dry-run            # print the plan only
-  clusterrun up cluster.yaml train.py --ranks 0 -e NCCL_DEBUG=INFO
-  clusterrun up cluster.yaml -m mypkg.train --nproc-per-node 4
-  clusterrun up cluster.yaml train.py --preflight full      # doctor's network checks first
+  clusterrun up --dry-run cluster.yaml train.py            # print the plan only
+  clusterrun up --ranks 0 -e NCCL_DEBUG=INFO cluster.yaml train.py
+  clusterrun up --nproc-per-node 4 cluster.yaml -m mypkg.train
+  clusterrun up --preflight full cluster.yaml train.py      # doctor's network checks first
   clusterrun up --ips 10.0.0.1,10.0.0.2 --gpus 0,1,2,3 train.py --epochs 3   # no inventory file
   clusterrun up --hostfile hostfile train.py               # DeepSpeed/MPI hostfile
   clusterrun up --slurm train.py                           # inside a Slurm allocation
   clusterrun up cluster.yaml --nodes 'gpu0[1-2]' train.py  # two nodes of the inventory
-  clusterrun up cluster.yaml train.py --detach              # start, print the run id, return
-  clusterrun up cluster.yaml train.py --notify https://hooks.slack.com/services/T0/B0/XX  # start, failure, end
-  clusterrun up cluster.yaml train.py --on-path-loss warn   # a dead data path is reported, the job goes on
-  clusterrun up cluster.yaml train.py --hang-timeout 600    # 10 min without output: every rank's stack
+  clusterrun up --detach cluster.yaml train.py              # start, print the run id, return
+  clusterrun up --notify https://hooks.slack.com/services/T0/B0/XX cluster.yaml train.py  # start, failure, end
+  clusterrun up --on-path-loss warn cluster.yaml train.py   # a dead data path is reported, the job goes on
+  clusterrun up --hang-timeout 600 cluster.yaml train.py    # 10 min without output: every rank's stack
 
 Every rank's output is shown as [node:rank] and written to runs/<run-id>/<node>/rank<R>.log;
 runs/<run-id>/status.json has per-rank exit codes and timings. Exit code: 0 when every rank
@@ -80,8 +82,9 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     clusterrun computes each node's rank, the master address on the data network and the
     NCCL/Gloo environment (see `clusterrun plan`), starts torchrun on all nodes at once,
     streams every rank's output, and stops every node when a rank fails or on Ctrl-C
-    (Ctrl-C twice kills at once). ARGS go to SCRIPT in order; clusterrun's own options may come
-    before or after SCRIPT, and everything after `--` goes to SCRIPT verbatim.
+    (Ctrl-C twice kills at once). clusterrun's options come before SCRIPT; everything after
+    SCRIPT goes to it exactly as typed, as with torchrun. torchrun's --nproc_per_node and
+    fleetrun's --devices are understood.
     """
     from clusterrun.cli.render import plan_json, print_plan, print_summary
 

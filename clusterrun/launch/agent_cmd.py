@@ -13,7 +13,10 @@ from clusterrun.transport.base import Stream, Transport
 
 
 def agent_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: float,
-               stage: list[tuple[str, str]] | None = None, detached: bool = False) -> dict[str, Any]:
+               stage: list[tuple[str, str]] | None = None, detached: bool = False,
+               script_args: int = 0) -> dict[str, Any]:
+    """What the node agent needs; ``script_args``: how many of the argv's last items are the script's own
+    arguments (passed exactly as typed, never expanded)."""
     return {
         "detached": detached,
         "stage": [list(pair) for pair in stage or ()],
@@ -21,6 +24,7 @@ def agent_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: 
         "node": node.name,
         "rank_offset": node.rank_offset,
         "argv": list(node.argv),
+        "script_args": script_args,
         "env": node.env_dict(),
         "cwd": node.cwd,
         "run_dir": node.run_dir,

@@ -29,7 +29,7 @@ def start_detached(plan: LaunchPlan, transports: Mapping[str, Transport],
 
     def one(node: NodePlan) -> float:
         spec = agent_spec(node, plan.run_id, grace=grace, heartbeat_timeout=0, stage=stage.get(node.name),
-                          detached=True)
+                          detached=True, script_args=len(plan.job.args))
         stream = start_agent(transports[node.name], node, spec)
         # The stream is dropped at the deadline whether or not anything arrives: the read below ends then.
         timer = threading.Timer(START_TIMEOUT, stream.abort)

@@ -116,7 +116,8 @@ class Supervisor:
 
     def _start_one(self, node: NodePlan) -> Stream:
         spec = agent_spec(node, self.plan.run_id, grace=self.settings.grace,
-                          heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name))
+                          heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name),
+                          script_args=len(self.plan.job.args))
         if self.hang is not None:
             spec["stacks"] = {"hook": remote.source("stackhook"), "flight": True}
         if self.stragglers is not None:

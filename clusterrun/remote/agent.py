@@ -229,8 +229,11 @@ class Agent:
         self.flight = False  # torch's flight recorder is on in the workers
 
     def _argv(self) -> list:
-        # A leading '~/' means the node user's home, as a shell would expand it.
-        return [os.path.expanduser(a) if a.startswith("~/") else a for a in self.spec["argv"]]
+        # A leading '~/' in clusterrun's part (python, torchrun's flags, the script's path) means the node user's
+        # home, as a shell would expand it; the script's own arguments are passed exactly as typed.
+        argv = list(self.spec["argv"])
+        own = len(argv) - int(self.spec.get("script_args", 0))
+        return [os.path.expanduser(a) if i < own and a.startswith("~/") else a for i, a in enumerate(argv)]
 
     def stop(self, reason: str, grace: float) -> None:
         if self.stopping.is_set() and grace > 0:
