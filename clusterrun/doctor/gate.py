@@ -15,7 +15,8 @@ NETWORK_CHECKS = ("net.ping", "net.port", "net.bandwidth", "ib.bandwidth")
 
 
 def full_check(inv: Inventory, transports: Mapping[str, Transport], report_dir: Path) -> tuple[list[str], Path]:
-    """Run the network checks; returns each failure's summary (empty when all passed) and the report directory."""
+    """Run the network checks; returns each failure's summary, told once for all the nodes or pairs it was
+    found on (empty when all passed), and the report directory (which has every finding)."""
     checks = [all_checks()[name] for name in NETWORK_CHECKS]
     report = run_doctor(inv, checks, Options(), report_dir, transports=transports)
-    return [f.summary for f in report.findings if f.verdict is Verdict.failed], report_dir
+    return [p.summary for p in report.problems() if p.verdict is Verdict.failed], report_dir

@@ -1,4 +1,5 @@
-"""Doctor's terminal output: a check x node table, the problems with their hints, recommended settings."""
+"""Doctor's terminal output: a check x node table, the problems with their hints (each told once, with the
+nodes or pairs it was found on), recommended settings."""
 
 from __future__ import annotations
 
@@ -51,15 +52,21 @@ def print_report(report: Report, out: TextIO, *, verbose: bool = False) -> None:
                               for k in (Verdict.passed, Verdict.warned, Verdict.failed))
             table.add_row(check.name, _cell([f.verdict for f in found]), counts if per else "")
     console.print(table)
-    problems = [f for f in report.findings if f.verdict in (Verdict.failed, Verdict.warned)]
+    problems = report.problems()
     if problems:
         console.print()
-        console.print("[bold]Problems[/bold]")
-        for f in sorted(problems, key=lambda f: -f.verdict.severity):
-            word, style = _MARK[f.verdict]
-            console.print(Text.assemble((f"{word:>4} ", style), (f"{f.check}: ", "bold"), f.summary))
-            if f.hint:
-                console.print(Text(f"       -> {f.hint}", style="dim" if f.verdict is Verdict.warned else ""))
+        folded = sum(len(p.findings) for p in problems) - len(problems)
+        console.print(Text.assemble(("Problems", "bold"), (
+            f" (each told once for the nodes or pairs it was found on{'' if verbose else '; --verbose lists each'})"
+            if folded else "", "dim")))
+        for p in problems:  # failures first: the finding that matters is never below a screen of warnings
+            word, style = _MARK[p.verdict]
+            console.print(Text.assemble((f"{word:>4} ", style), (f"{p.check}: ", "bold"), p.summary))
+            if verbose and p.folded:
+                for f in p.findings:
+                    console.print(Text(f"         {f.summary}"))
+            if p.hint:
+                console.print(Text(f"       -> {p.hint}", style="dim" if p.verdict is Verdict.warned else ""))
     if verbose:
         console.print()
         console.print("[bold]All findings[/bold]")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterrun.doctor.facts import NodeFacts
+from clusterrun.doctor.fold import Folded, fold
 from clusterrun.doctor.model import Finding, Verdict, worst
 from clusterrun.doctor.registry import Check
 
@@ -25,6 +26,10 @@ class Report:
     started: float = 0.0
     duration: float = 0.0
     directory: Path | None = None
+
+    def problems(self) -> list[Folded]:
+        """Failures, then warnings, each told once for all the nodes or pairs it was found on."""
+        return fold([f for f in self.findings if f.verdict in (Verdict.failed, Verdict.warned)], self.nodes)
 
     def of(self, check: str) -> list[Finding]:
         return [f for f in self.findings if f.check == check]

@@ -64,8 +64,9 @@ def allreduce(ctx: Context) -> Iterator[Finding]:
         failure = outcome.first_failure
         where = failure.describe() if failure else "rank 0 printed no result"
         node, rank = (failure.node, failure.rank) if failure else (rank0, 0)
-        tail = run_dir.tail(node, rank if rank is not None else plan.nodes[0].rank_offset, 20)
-        hints = failure_hints(tail) if tail else []
+        log = run_dir.tail(node, rank if rank is not None else plan.nodes[0].rank_offset, 400)
+        tail = log[-20:]
+        hints = failure_hints(log) if log else []  # the whole tail: NCCL names its interfaces at the start
         yield Finding("cluster.allreduce", Verdict.failed, f"all-reduce failed after {wall:.1f}s: {where}", node=node,
                       hint="; ".join(hints) or f"see {run_dir.path}/ for every rank's log",
                       evidence=(Evidence(" ".join(plan.nodes[0].argv), "\n".join(tail), outcome.exit_code, node),),
