@@ -19,7 +19,7 @@ from clusterrun import remote
 from clusterrun.doctor.facts import MISSING, NodeFacts, Section
 from clusterrun.errors import ClusterrunError
 from clusterrun.facts.parsers import nvidia_smi
-from clusterrun.transport.base import Transport
+from clusterrun.transport.base import Transport, shell_command, shell_path
 
 #: Seconds each tool may take on the node.
 TOOL_TIMEOUT = 20
@@ -71,12 +71,13 @@ def probe_script(python: str, sections: Mapping[str, str] = SECTIONS, path: tupl
     lines = [path_prefix(path) + "export LC_ALL=C",
              f"if command -v timeout >/dev/null 2>&1; then T='timeout {TOOL_TIMEOUT}'; else T=''; fi",
              "echo \"@@clusterrun-probe-clock $(date +%s.%N)\""]
-    for name, command in {**sections, "python": shlex.join(remote.argv(python, "pyreport"))}.items():
-        first = command.split()[0]
+    for name, command in {**sections, "python": shell_command(remote.argv(python, "pyreport"))}.items():
+        # The sections' commands are ours; the python path is the user's and is only ever a quoted word.
+        first, label = (shell_path(python), python) if name == "python" else (command.split()[0],) * 2
         # A missing tool reads as 127 whatever the shell says; builtins and loops run as they are.
-        guard = (f"command -v {first} >/dev/null 2>&1 || [ -x {first} ] || {{ echo '{first}: not installed'; "
-                 f"(exit {MISSING}); }} && " if first not in ("for", "if", "ulimit", "env", "cat", "df", "uname",
-                                                                    "hostname") else "")
+        guard = (f"command -v {first} >/dev/null 2>&1 || [ -x {first} ] || {{ echo "
+                 f"{shlex.quote(label + ': not installed')}; (exit {MISSING}); }} && "
+                 if first not in ("for", "if", "ulimit", "env", "cat", "df", "uname", "hostname") else "")
         lines.append(f"echo '{_BEGIN}{name}'; ( {guard}$T sh -c {shlex.quote(command)} ) 2>&1; "
                      f"echo \"{_END}{name} $?\"")
     return "\n".join(lines) + "\n"
