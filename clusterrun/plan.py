@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterrun import redact
 from clusterrun.errors import PlanError
 from clusterrun.inventory.models import Inventory, Node, Transport
 from clusterrun.nccl import RuleContext, rule_env
@@ -92,7 +93,7 @@ class NodePlan:
             "cwd": self.cwd,
             "run_dir": self.run_dir,
             "script": self.script,
-            "env": self.env_dict(),
+            "env": redact.env(self.env_dict()),  # a secret's value never leaves the node's spec
             "env_sources": {var.name: var.source for var in self.env},
         }
 

@@ -60,9 +60,11 @@ def new_run_id(now: float | None = None) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    # Write beside, then rename: a reader (or a crash) never sees half a file.
+    # Write beside, then rename: a reader (or a crash) never sees half a file. Only the user reads it (0600).
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
     os.replace(tmp, path)
 
 
@@ -73,7 +75,7 @@ class RunDir:
     @classmethod
     def create(cls, base: str | Path, run_id: str) -> RunDir:
         path = Path(base) / run_id
-        path.mkdir(parents=True, exist_ok=False)
+        path.mkdir(parents=True, exist_ok=False, mode=0o700)  # logs may hold what the job printed: the user's only
         return cls(path)
 
     @property

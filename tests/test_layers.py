@@ -20,7 +20,7 @@ from clusterrun.remote import AGENT_MODULES
 ROOT = Path(__file__).resolve().parent.parent / "clusterrun"
 
 LAYERS: list[set[str]] = [
-    {"errors", "remote"},
+    {"errors", "remote", "redact"},
     {"inventory"},
     {"facts"},
     {"plan", "nccl", "network"},

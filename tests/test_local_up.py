@@ -206,6 +206,26 @@ def test_the_script_gets_its_arguments_exactly_as_typed(tmp_path: Path) -> None:
     assert "note: --dry-run after SCRIPT goes to the script" in done.stderr
 
 
+def test_secrets_are_neither_stored_nor_printed(tmp_path: Path) -> None:
+    """-e HF_TOKEN reaches the ranks; plan.json, inventory.json and `plan` show it masked; only the user can
+    read the run directory."""
+    secret = "hf_Secret0123456789"
+    (tmp_path / "tok.py").write_text("import os\nprint('len', len(os.environ['HF_TOKEN']), flush=True)\n")
+    done = clusterrun("up", "-e", f"HF_TOKEN={secret}", LOCAL, "tok.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    run = only_run(tmp_path / "runs")
+    assert f"len {len(secret)}" in (run / "localhost" / "rank0.log").read_text()
+    for path in run.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert json.loads((run / "plan.json").read_text())["nodes"][0]["env"]["HF_TOKEN"] == "*** (19 characters)"
+    assert (run.stat().st_mode & 0o777, (run / "plan.json").stat().st_mode & 0o777) == (0o700, 0o600)
+    for args in (("plan",), ("plan", "--json"), ("up", "--dry-run")):
+        shown = subprocess.run([sys.executable, "-m", "clusterrun", *args, "-e", f"HF_TOKEN={secret}", LOCAL,
+                                "tok.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+        assert shown.returncode == 0 and "HF_TOKEN" in shown.stdout and secret not in shown.stdout + shown.stderr
+
+
 CHATTY = """
 import os, sys, time
 rank = int(os.environ["RANK"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, TextIO
 
+from clusterrun import redact
 from clusterrun.transport.base import shell_command
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def print_plan(plan: LaunchPlan, file: TextIO | None = None) -> None:
         env.add_column(overflow="fold", min_width=24)
         env.add_column(style="dim", no_wrap=True)
         for var in node.env:
-            env.add_row(var.name, var.value, var.source)
+            env.add_row(var.name, redact.shown(var.name, var.value), var.source)
         table.add_row("env", env)
         console.print()
         console.print(table)

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from clusterrun import redact
 from clusterrun.errors import StartError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
@@ -91,7 +92,7 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     run_dir = RunDir.create(runs_dir, plan.run_id)
     run_dir.write_json("plan.json", plan.to_dict())
     # How to reach the nodes again later (`clusterrun down`, `logs -f`), whatever the source of the nodes was.
-    run_dir.write_json("inventory.json", inv.model_dump(mode="json", exclude_defaults=True))
+    run_dir.write_json("inventory.json", redact.inventory_dump(inv.model_dump(mode="json", exclude_defaults=True)))
     run_dir.write_status(RunState.starting, {"started": time.time(), "pid": os.getpid()})
     transports = open_transports(inv, plan)
     try:

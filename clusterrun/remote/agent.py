@@ -356,7 +356,7 @@ class Agent:
         pipe.close()
 
     def run(self) -> int:
-        os.makedirs(self.run_dir, exist_ok=True)
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)  # the ranks' logs: the user's only
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         env = dict(os.environ)
         env.update(self.spec.get("env", {}))
