@@ -128,10 +128,10 @@ def _documented_job_commands() -> list[pytest.param]:
 def test_documented_commands_give_clusterrun_its_options_before_script(words: list[str]) -> None:
     """After SCRIPT everything is the script's (as with torchrun): an example with clusterrun's options there
     would teach users a command that silently does something else."""
+    import click
+
     from clusterrun.cli.job_argv import _options, split
     from clusterrun.cli.main import cli
-
-    import click
 
     command = cli.get_command(click.Context(cli), words[1])
     assert command is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import click
 import pytest
 
 from clusterrun.cli.job_argv import moved_options, split
@@ -11,9 +12,7 @@ from clusterrun.errors import UsageError
 SOURCES = ("--ips", "--hostfile", "--slurm")
 
 
-def command(name: str = "up"):  # noqa: ANN201 - a click command
-    import click
-
+def command(name: str = "up") -> click.Command:
     found = cli.get_command(click.Context(cli), name)
     assert found is not None
     return found
