@@ -10,7 +10,9 @@ Layout::
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import errno
 import json
 import os
 import secrets
@@ -59,13 +61,27 @@ def new_run_id(now: float | None = None) -> str:
     return f"{stamp}-{secrets.token_hex(2)}"
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
 def _atomic_write(path: Path, text: str) -> None:
     # Write beside, then rename: a reader (or a crash) never sees half a file. Only the user reads it (0600).
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    data = text.encode("utf-8")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if exc.errno not in DISK_FULL or not path.exists():
+            raise
+        # The disk is full: write over the file in the space it already holds (a run's last status must land).
+        with open(path, "r+b") as fh:
+            fh.write(data)
+            fh.truncate()
 
 
 @dataclass

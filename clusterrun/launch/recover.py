@@ -161,6 +161,7 @@ def complete_logs(plan: LaunchPlan, transports: Mapping[str, Transport], run_dir
                   relay: LogRelay, console: Console, *, grace: float, heartbeat_timeout: float) -> None:
     """Fetch in parallel what lost or short nodes hold; record in ``outcome`` what is still missing."""
     lost = lost_nodes(outcome)
+    relay.retry()  # rank files a full disk stopped: try again from what they hold
     short = sorted({gap.node for gap in relay.gaps()} - set(lost))
     names = lost + short
     if names:
@@ -177,8 +178,13 @@ def complete_logs(plan: LaunchPlan, transports: Mapping[str, Transport], run_dir
         for name, note in notes.items():
             if note:
                 outcome.notes.append(note)
-                with open(run_dir.launcher_log(name), "a", encoding="utf-8") as fh:
-                    fh.write(f"[clusterrun] {note}\n")
+                try:
+                    with open(run_dir.launcher_log(name), "a", encoding="utf-8") as fh:
+                        fh.write(f"[clusterrun] {note}\n")
+                except OSError as exc:
+                    relay.failed(f"{name}'s launcher.log", exc)
+    if relay.trouble:
+        outcome.notes.append(relay.trouble)
     outcome.log_gaps = [gap.to_dict() for gap in relay.gaps()]
     outcome.logs_unverified = [name for name in outcome.nodes if name not in relay.reported]
     outcome.log_totals = relay.totals()

@@ -9,6 +9,8 @@ end of a run can compare them with what each node says its files hold (:meth:`Lo
 
 from __future__ import annotations
 
+import contextlib
+import errno
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
@@ -50,7 +52,12 @@ class Gap:
 
 
 class LogRelay:
-    """Writes rank logs and counts them. Used by one thread (the supervisor's loop, then the recovery)."""
+    """Writes rank logs and counts them. Used by one thread (the supervisor's loop, then the recovery).
+
+    A write that fails (the disk is full) stops that rank file in runs/ where it is, says so once, and loses
+    nothing: the job goes on, the output is still shown, only what reached the disk is counted, so the end of
+    the run fetches the rest from the node (where torchrun's files hold it all) or reports it as a gap.
+    """
 
     def __init__(self, run_dir: RunDir, console: Console | None, node_dirs: Mapping[str, str]) -> None:
         self.run_dir = run_dir
@@ -60,21 +67,58 @@ class LogRelay:
         self.expected: dict[Key, Count] = {}
         self.reported: set[str] = set()  # nodes that said what their rank files hold
         self._files: dict[tuple[str, int], IO[bytes]] = {}
+        self._stopped: set[tuple[str, int]] = set()  # rank files a write failed on: left as they are
+        self.trouble: str | None = None  # the first failure to write into runs/, as said
 
     def write(self, node: str, rank: int, stream: str, data: bytes, more: bool = False, show: bool = True) -> None:
         """Append ``data`` (whole records, or the start of one when ``more``) to the rank's log; show it."""
         if not data:
             return
-        fh = self._files.get((node, rank))
-        if fh is None:
-            fh = self._files[(node, rank)] = self.run_dir.open_rank_log(node, rank)
-        fh.write(data)
+        written = self._append(node, rank, data)
         count = self.received.setdefault((node, rank, stream), Count())
-        count.bytes += len(data)
+        count.bytes += written
         if count.lines is not None:
-            count.lines += data.count(b"\n")
+            count.lines += data.count(b"\n", 0, written)
         if show and self.console is not None:
             self.console.rank_output(node, rank, stream, data, more)
+
+    def _append(self, node: str, rank: int, data: bytes) -> int:
+        """Bytes of ``data`` that reached the rank's log (all of them, unless the disk is full)."""
+        if (node, rank) in self._stopped:
+            return 0
+        written = 0
+        try:
+            fh = self._files.get((node, rank))
+            if fh is None:
+                fh = self._files[(node, rank)] = self.run_dir.open_rank_log(node, rank)
+            while written < len(data):  # unbuffered: a short write says how much landed
+                done = fh.write(data[written:])
+                if not done:
+                    raise OSError(errno.ENOSPC, "no space left on device")
+                written += done
+        except OSError as exc:
+            self._stopped.add((node, rank))
+            self.failed(f"the log of rank {rank} ({node})", exc)
+        return written
+
+    def failed(self, what: str, exc: OSError) -> None:
+        """A write into the run directory failed: say so the first time (the job goes on)."""
+        if self.trouble is not None:
+            return
+        self.trouble = f"cannot write {what} in {self.run_dir.path}: {exc.strerror or exc}"
+        if self.console is not None:
+            self.console.info(f"{self.trouble}; the job goes on and its output is still shown here; every rank's "
+                              "whole log stays on its node (<node run dir>/torchrun/) and is fetched at the end "
+                              "if there is room by then")
+
+    def retry(self) -> None:
+        """Let the end of the run write again to the rank files a failure stopped (from what they hold)."""
+        for key in self._stopped:
+            fh = self._files.pop(key, None)
+            if fh is not None:
+                with contextlib.suppress(OSError):
+                    fh.close()
+        self._stopped.clear()
 
     def expect(self, node: str, logs: Mapping[str, Any]) -> None:
         """Record what ``node`` says its rank files hold: ``{"<rank>/<stream>": {"bytes", "lines"}}``."""
@@ -112,5 +156,6 @@ class LogRelay:
         if self.console is not None:
             self.console.tick(final=True)
         for fh in self._files.values():
-            fh.close()
+            with contextlib.suppress(OSError):
+                fh.close()
         self._files.clear()

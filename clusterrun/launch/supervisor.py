@@ -179,8 +179,11 @@ class Supervisor:
             node.launched = event.get("time")
         elif kind in (protocol.LAUNCHER, protocol.ERROR, protocol.STREAM_ERROR):
             text = event.get("text", "")
-            with open(self.run_dir.launcher_log(name), "a", encoding="utf-8") as fh:
-                fh.write(text + "\n")
+            try:
+                with open(self.run_dir.launcher_log(name), "a", encoding="utf-8") as fh:
+                    fh.write(text + "\n")
+            except OSError as exc:
+                self.relay.failed(f"{name}'s launcher.log", exc)
             # Once stopping, torchrun's own report (a ChildFailedError traceback) only repeats what the
             # summary says; it stays in launcher.log.
             if self._stop_sent_at is None or kind == protocol.ERROR:
@@ -373,8 +376,11 @@ class Supervisor:
 
     def _save(self, relpath: str, data: bytes) -> str:
         path = self.run_dir.path / relpath
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        except OSError as exc:
+            self.relay.failed(relpath, exc)
         return str(path)
 
     def _record(self, event: dict[str, Any]) -> None:
@@ -385,7 +391,10 @@ class Supervisor:
         except (OSError, ValueError):
             current = {}
         if current.get("state") == RunState.running.value:
-            self.run_dir.write_status(RunState.running, {**current, "events": self.outcome.events})
+            try:
+                self.run_dir.write_status(RunState.running, {**current, "events": self.outcome.events})
+            except OSError as exc:
+                self.relay.failed("status.json", exc)
 
     def _path_lost(self, verdict: Verdict) -> None:
         if self.settings.on_path_loss == "warn":

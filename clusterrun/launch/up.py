@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from clusterrun import redact
-from clusterrun.errors import StartError, UsageError
+from clusterrun.errors import ClusterrunError, StartError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
@@ -89,11 +89,16 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     Raises :class:`StartError` when a node could not be started (then nothing runs anywhere).
     ``status.json`` always ends up describing what happened, written atomically.
     """
-    run_dir = RunDir.create(runs_dir, plan.run_id)
-    run_dir.write_json("plan.json", plan.to_dict())
-    # How to reach the nodes again later (`clusterrun down`, `logs -f`), whatever the source of the nodes was.
-    run_dir.write_json("inventory.json", redact.inventory_dump(inv.model_dump(mode="json", exclude_defaults=True)))
-    run_dir.write_status(RunState.starting, {"started": time.time(), "pid": os.getpid()})
+    try:
+        run_dir = RunDir.create(runs_dir, plan.run_id)
+        run_dir.write_json("plan.json", plan.to_dict())
+        # How to reach the nodes again later (`clusterrun down`, `logs -f`), whatever the source of the nodes was.
+        run_dir.write_json("inventory.json",
+                           redact.inventory_dump(inv.model_dump(mode="json", exclude_defaults=True)))
+        run_dir.write_status(RunState.starting, {"started": time.time(), "pid": os.getpid()})
+    except OSError as exc:  # nothing has started: say where and why, and start nothing
+        raise ClusterrunError(f"cannot write the run directory in {runs_dir}: {exc.strerror or exc}; free space "
+                              "there or choose another with --runs-dir") from exc
     transports = open_transports(inv, plan)
     try:
         try:
@@ -131,7 +136,11 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
         except StartError as exc:
             run_dir.write_status(RunState.not_started, {"problems": exc.problems, "ended": time.time()})
             raise
-        run_dir.write_status(outcome.state, outcome.to_dict())
+        try:
+            run_dir.write_status(outcome.state, outcome.to_dict())
+        except OSError as exc:
+            console.info(f"cannot write {run_dir.path}/status.json: {exc.strerror or exc}; the summary below is the "
+                         "run's only record")
         _notify_end(notifier, outcome, plan, run_dir, console)
         return outcome, run_dir
     finally:
