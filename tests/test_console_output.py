@@ -84,3 +84,23 @@ def test_gaps_name_the_rank_the_size_and_where_the_log_stays(tmp_path: Path) -> 
     assert relay.offsets("gpu1") == {"8/stdout": 4}
     assert relay.reported == {"gpu1", "gpu2"}
     relay.close()
+
+
+HOSTILE = b"a\x1b]0;owned\x07b \x1b]52;c;ZWNobyBoaQ==\x07 \x1b[2J\x1b[H \x1b[31mred\x1b[0m\ttab \xc2\x9b end\n"
+
+
+def test_control_sequences_are_shown_escaped_colours_kept_the_log_exact(tmp_path: Path) -> None:
+    """A rank cannot retitle or clear the terminal, nor write the clipboard (OSC 52); colours and tabs pass."""
+    console, out = _console()
+    relay = LogRelay(RunDir.create(tmp_path, "r1"), console, {})
+    relay.write("n0", 0, "stdout", HOSTILE)
+    relay.close()
+    assert out.getvalue() == ("[n0:0] a\\x1b]0;owned\\x07b \\x1b]52;c;ZWNobyBoaQ==\\x07 \\x1b[2J\\x1b[H "
+                              "\x1b[31mred\x1b[0m\ttab \\x9b end\n")
+    assert (tmp_path / "r1" / "n0" / "rank0.log").read_bytes() == HOSTILE
+
+
+def test_raw_shows_them_as_they_came() -> None:
+    console, out = _console(raw=True)
+    console.rank_output("n0", 0, "stdout", HOSTILE)
+    assert out.getvalue() == "[n0:0] " + HOSTILE.decode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,13 +129,17 @@ Examples:
 @click.option("--node", help="Only this node's ranks.")
 @click.option("--rank", type=int, help="Only this global rank.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C to stop).")
-def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: bool) -> int:
+@click.option("--raw", is_flag=True, help="Print control characters as the ranks wrote them (by default they are "
+              "escaped, colours kept; the log files are always byte-exact).")
+def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: bool, raw: bool) -> int:
     """Print a run's rank logs, each line prefixed [node:rank] (RUN: an id, a unique part of one, or last)."""
+    from clusterrun.launch.console import safe
     from clusterrun.runs import find_run, run_state
 
     found = find_run(runs_dir, run)
+    out = sys.stdout.write if raw else (lambda text: sys.stdout.write(safe(text)))
     if run_state(found).get("state") == "detached":
-        return _remote_logs(found, node, rank, follow)
+        return _remote_logs(found, node, rank, follow, out)
     offsets: dict[Path, int] = {}
     pending: dict[Path, bytes] = {}
     while True:
@@ -147,14 +152,14 @@ def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: b
             if rest:
                 pending[path] = rest  # half a line: wait for the rest
             for line in lines:
-                sys.stdout.write(f"[{name}:{r}] {line.decode('utf-8', errors='replace')}\n")
+                out(f"[{name}:{r}] {line.decode('utf-8', errors='replace')}\n")
         sys.stdout.flush()
         if not follow or run_state(found).get("state") not in ("starting", "running"):
             for path, rest in pending.items():
-                sys.stdout.write(f"[{path.parent.name}:{path.stem[4:]}] {rest.decode('utf-8', errors='replace')}\n")
+                out(f"[{path.parent.name}:{path.stem[4:]}] {rest.decode('utf-8', errors='replace')}\n")
             for event in run_state(found).get("events") or ():  # what the watch saw, after the lines
                 if node is None or event.get("node") == node:
-                    sys.stdout.write(f"[clusterrun] {_when(event.get('time'))} {event.get('node')}: "
+                    out(f"[clusterrun] {_when(event.get('time'))} {event.get('node')}: "
                                      f"{event.get('text')}\n")
             return 0
         time.sleep(0.5)
@@ -191,7 +196,8 @@ def down(run: str, runs_dir: Path, grace: float) -> int:
     return 1 if failed else 0
 
 
-def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool) -> int:
+def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool,
+                 out: Callable[[str], object]) -> int:
     """A detached run's logs live on its nodes: read them there (every 2 s with -f, until nothing of it runs)."""
     from clusterrun.ops.logs import fetch, record_detached_end
 
@@ -203,7 +209,7 @@ def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool) -
             for rk, data in r.by_rank().items():
                 if (node is None or name == node) and (rank is None or rk == rank):
                     for line in data.decode("utf-8", errors="replace").splitlines():
-                        sys.stdout.write(f"[{name}:{rk}] {line}\n")
+                        out(f"[{name}:{rk}] {line}\n")
             if r.problem:
                 click.echo(f"clusterrun: {name}: {r.problem}", err=True)
         sys.stdout.flush()

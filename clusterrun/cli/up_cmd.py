@@ -47,6 +47,8 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 @click.option("--dry-run", is_flag=True, help="Print the plan (as `clusterrun plan` does) and run nothing.")
 @click.option("--ranks", metavar="LIST", help="Show only these global ranks' output, e.g. 0 or 0,8 (all are logged).")
 @click.option("-q", "--quiet", is_flag=True, help="Show no rank output, only clusterrun's messages and the summary.")
+@click.option("--raw", is_flag=True, help="Show rank output's control characters as they came (by default they are "
+              "shown escaped, colours kept, so no rank can retitle, clear or take over the terminal).")
 @click.option("--preflight", "preflight_mode", type=click.Choice(["quick", "full", "off"]), default="quick",
               show_default=True, help="Before starting: quick = every node reaches rank 0's master port on the data "
               "network (about a second); full = doctor's network checks too; off = no check.")
@@ -74,7 +76,7 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
               help="POST a small JSON document (with a Slack-style `text`) to URL when the run starts, fails and "
               "ends; repeatable, added to the inventory's run.notify. A slow or dead webhook never delays the run.")
 @with_job
-def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool,
+def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool, raw: bool,
        preflight_mode: str, detach: bool, time_limit: float | None, grace: float, path_watch: bool | None,
        on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None, notify: tuple[str, ...]) -> int:
     """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
@@ -95,7 +97,7 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     from clusterrun.launch.supervisor import SupervisorSettings
     from clusterrun.launch.up import execute
 
-    console = Console(ranks=_parse_ranks(ranks), quiet=quiet)
+    console = Console(ranks=_parse_ranks(ranks), quiet=quiet, raw=raw)
     if detach and time_limit:
         from clusterrun.errors import UsageError
 

@@ -8,7 +8,10 @@ may be less than what is logged, never more:
   log holds it whole);
 * a progress bar (records ending in a lone carriage return, as tqdm writes them) is shown
   at most once per BAR_EVERY_TTY seconds per rank on a terminal and once per BAR_EVERY_PIPE
-  seconds when stdout is a file or a pipe; its last state is always shown.
+  seconds when stdout is a file or a pipe; its last state is always shown;
+* control characters are shown escaped (``\x1b]0;title\x07`` prints as text), so a rank's output
+  cannot retitle, clear or move the terminal, or write to its clipboard; colours (SGR sequences,
+  ``ESC [ ... m``) are kept. ``raw`` shows everything as it came.
 """
 
 from __future__ import annotations
@@ -25,6 +28,17 @@ DISPLAY_MAX = 16 << 10  # characters of one line shown on the terminal
 BAR_EVERY_TTY = 1.0  # seconds between two shown updates of one rank's progress bar, on a terminal
 BAR_EVERY_PIPE = 20.0  # ... when stdout is not a terminal (a log file, CI)
 _RECORDS = re.compile(rb"(\r\n|\n|\r)")
+# A colour (kept), or any other C0/C1 control character but tab (shown escaped).
+_CONTROL = re.compile(r"(\x1b\[[0-9;:]*m)|[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return match.group(1) or f"\\x{ord(match.group(0)):02x}"
+
+
+def safe(text: str) -> str:
+    """``text`` with every control character but tab and colours written as ``\\xNN``."""
+    return _CONTROL.sub(_escape, text) if _CONTROL.search(text) else text
 
 
 @dataclass
@@ -56,7 +70,8 @@ class Console:
     """
 
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None, *, color: bool | None = None,
-                 ranks: Collection[int] | None = None, quiet: bool = False, show_launcher: bool = True) -> None:
+                 ranks: Collection[int] | None = None, quiet: bool = False, show_launcher: bool = True,
+                 raw: bool = False) -> None:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.color = self.out.isatty() if color is None else color
@@ -68,6 +83,7 @@ class Console:
         self._partial: dict[tuple[str, int, str], _Held] = {}  # an unfinished record's first characters
         self._bars: dict[tuple[str, int, str], _Bar] = {}
         self.closed = False  # stdout's reader went away
+        self.raw = raw  # show control characters as they came
 
     def _prefix(self, tag: str, node: str) -> str:
         if not self.color:
@@ -106,7 +122,8 @@ class Console:
     def _write_lines(self, node: str, rank: int, texts: list[str]) -> None:
         if texts:
             prefix = self._prefix(f"[{node}:{rank}]", node)
-            self._emit("".join(f"{prefix} {shorten(t)}\n" for t in texts))
+            body = "".join(f"{prefix} {shorten(t)}\n" for t in texts)
+            self._emit(body if self.raw else safe(body))
 
     def rank_output(self, node: str, rank: int, stream: str, data: bytes, more: bool = False,
                     now: float | None = None) -> None:
@@ -174,8 +191,8 @@ class Console:
     def node_line(self, node: str, text: str) -> None:
         if self.quiet or not self.show_launcher:
             return
-        self._emit(f"{self._prefix(f'[{node}]', node)} {text}\n")
+        self._emit(f"{self._prefix(f'[{node}]', node)} {text if self.raw else safe(text)}\n")
 
     def info(self, text: str) -> None:
-        self.err.write(f"clusterrun: {text}\n")
+        self.err.write(f"clusterrun: {text if self.raw else safe(text)}\n")
         self.err.flush()
