@@ -133,6 +133,13 @@ class RunDir:
     def read_json(self, name: str) -> dict[str, Any]:
         return json.loads((self.path / name).read_text(encoding="utf-8"))
 
+    def read_json_or_empty(self, name: str) -> dict[str, Any]:
+        try:
+            data = self.read_json(name)
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
     def tail(self, node: str, rank: int, lines: int = 20) -> list[str]:
         try:
             text = self.rank_log(node, rank).read_text(encoding="utf-8", errors="replace")

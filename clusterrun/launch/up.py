@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,8 +21,8 @@ from clusterrun.launch.recover import complete_logs
 from clusterrun.launch.replan import plan_with_facts
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
 from clusterrun.notify import Notifier
-from clusterrun.plan import LaunchPlan
-from clusterrun.runs import RunDir, RunState
+from clusterrun.plan import LaunchPlan, build_plan
+from clusterrun.runs import RunDir, RunState, new_run_id
 from clusterrun.transport.base import Transport
 from clusterrun.transport.factory import open_transports
 
@@ -33,6 +34,18 @@ PATH_HINT = ("no node was started; `clusterrun doctor <inventory> --checks net` 
 #: ``--preflight full``: the network checks of ``clusterrun doctor`` (:func:`clusterrun.doctor.gate.full_check`),
 #: given by the caller: (inventory, transports, report directory) -> (failures, report directory).
 FullCheck = Callable[[Inventory, Mapping[str, Transport], Path], tuple[list[str], Path]]
+
+
+def _new_run_dir(runs_dir: str | Path, inv: Inventory, plan: LaunchPlan) -> tuple[RunDir, LaunchPlan]:
+    """The run's directory; on the rare id collision (two runs started in the same second drew the same
+    suffix), a new id and the plan made again with it."""
+    for _ in range(8):
+        try:
+            return RunDir.create(runs_dir, plan.run_id), plan
+        except FileExistsError:
+            plan = build_plan(inv, dataclasses.replace(plan.job, run_id=new_run_id()))
+    raise ClusterrunError(f"cannot find a free run id in {runs_dir} (8 tries); is something creating run "
+                          "directories there?")
 
 
 def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transport], run_dir: RunDir,
@@ -90,7 +103,7 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     ``status.json`` always ends up describing what happened, written atomically.
     """
     try:
-        run_dir = RunDir.create(runs_dir, plan.run_id)
+        run_dir, plan = _new_run_dir(runs_dir, inv, plan)
         run_dir.write_json("plan.json", plan.to_dict())
         # How to reach the nodes again later (`clusterrun down`, `logs -f`), whatever the source of the nodes was.
         run_dir.write_json("inventory.json",
@@ -135,6 +148,15 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
                           grace=supervisor.settings.grace, heartbeat_timeout=supervisor.settings.heartbeat_timeout)
         except StartError as exc:
             run_dir.write_status(RunState.not_started, {"problems": exc.problems, "ended": time.time()})
+            raise
+        except KeyboardInterrupt:
+            if run_dir.read_json_or_empty("status.json").get("state") == RunState.starting.value:
+                run_dir.write_status(RunState.interrupted, {"ended": time.time(), "detail": "interrupted before "
+                                                            "the job started (Ctrl-C during the checks)"})
+            raise
+        except ClusterrunError as exc:
+            if run_dir.read_json_or_empty("status.json").get("state") == RunState.starting.value:
+                run_dir.write_status(RunState.not_started, {"problems": [str(exc)], "ended": time.time()})
             raise
         try:
             run_dir.write_status(outcome.state, outcome.to_dict())

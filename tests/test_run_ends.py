@@ -1,0 +1,61 @@
+"""Every way a run ends leaves a status.json that says so: an id already taken is drawn again, Ctrl-C during
+the checks before the start is recorded as interrupted."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from simcluster import SimCluster
+from simjobs import clusterrun_env, write_inventory
+
+from clusterrun.inventory.yaml_source import load_inventory
+from clusterrun.launch.up import _new_run_dir
+from clusterrun.plan import JobSpec, build_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_run_id_already_taken_is_drawn_again_and_the_plan_follows(tmp_path: Path) -> None:
+    inv = load_inventory(ROOT / "inventories" / "localhost.yaml")
+    job = JobSpec(script="train.py", run_id="20261124-100000-abcd", local_runs_dir=str(tmp_path))
+    plan = build_plan(inv, job)
+    (tmp_path / plan.run_id).mkdir()  # another run took it this very second
+    run_dir, fresh = _new_run_dir(tmp_path, inv, plan)
+    assert fresh.run_id != plan.run_id and run_dir.path == tmp_path / fresh.run_id and run_dir.path.is_dir()
+    node = fresh.nodes[0]
+    assert plan.run_id not in " ".join((*node.argv, node.run_dir, *node.env_dict().values()))
+    assert node.env_dict()["CLUSTERRUN_RUN_ID"] == fresh.run_id
+
+
+@pytest.mark.cluster
+def test_ctrl_c_during_the_checks_is_recorded(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """A node that does not answer keeps the checks waiting; Ctrl-C then leaves `interrupted`, not `starting`."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1, connect_timeout=30)
+    (tmp_path / "x.py").write_text("print('never')\n")
+    sim_cluster.partition(1)  # its packets are dropped: the connection waits
+    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", str(inv), "x.py"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            env=clusterrun_env())
+    try:
+        deadline = time.monotonic() + 30
+        runs = tmp_path / "runs"
+        while not any(runs.glob("*/status.json")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        sim_cluster.heal(1)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    (status,) = [json.loads(p.read_text()) for p in runs.glob("*/status.json")]
+    assert status["state"] == "interrupted" and "before the job started" in status["detail"]
