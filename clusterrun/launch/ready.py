@@ -50,6 +50,7 @@ class NodeReady:
     stage: list[tuple[str, str, str]] = field(default_factory=list)  # (cache path, destination, kind)
     net: dict[str, Any] | None = None  # the node's network facts, raw (see clusterrun.facts.nics)
     ssh_address: str | None = None  # the address SSH reached the node at
+    gpus: int | None = None  # the NVIDIA GPUs a process there sees (None: not reported)
 
 
 def _sha256(path: Path) -> str:
@@ -126,7 +127,7 @@ def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: 
         kind = NoTorch if report.get("no_torch") else NodeNotReady
         raise kind(node.name, "; ".join(report["problems"]))
     ready = NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
-                      ssh_address=transport.peer_address())
+                      ssh_address=transport.peer_address(), gpus=report.get("gpus"))
     for f in staged:
         cached = posixpath.join(REMOTE_CACHE, f.digest)
         if f.digest in report["missing"]:

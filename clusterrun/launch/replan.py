@@ -55,12 +55,32 @@ def read_facts(ready: Mapping[str, NodeReady]) -> tuple[dict[str, NetFacts], lis
     return facts, unknown, {name: r.ssh_address for name, r in ready.items() if r.ssh_address}
 
 
+def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, list[str]]:
+    """Nodes whose GPUs nobody listed (a one-liner without --gpus, an inventory node without ``gpus``) and whose
+    process count nobody set get every GPU the node sees, one process each, as ``torchrun --nproc-per-node gpu``
+    does. Returns the inventory so completed and a line per node that was."""
+    if plan.job.nproc_per_node is not None or inv.defaults.nproc_per_node is not None:
+        return inv, []
+    nodes, found = [], []
+    for node in inv.nodes:
+        count = ready[node.name].gpus if node.name in ready else None
+        if node.gpus or node.nproc_per_node is not None or not count:
+            nodes.append(node)
+            continue
+        nodes.append(node.model_copy(update={"gpus": list(range(count))}))
+        found.append(f"{node.name}: {count} GPU(s) seen, one process each (gpus: 0-{count - 1})")
+    return (inv.model_copy(update={"nodes": nodes}), found) if found else (inv, [])
+
+
 def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, LaunchPlan]:
     """The inventory completed with the nodes' network facts, and the plan made from it.
 
     A single-node plan is returned as it is (its ranks talk over loopback). Raises :class:`StartError`
     naming each node whose listed NICs, addresses or RDMA ports are not what the node has.
     """
+    inv, found = with_found_gpus(inv, plan, ready)
+    if found:
+        plan = dataclasses.replace(build_plan(inv, plan.job), probed=(*plan.probed, *found))
     if plan.nnodes < 2:
         return inv, plan
     facts, unknown, ssh = read_facts(ready)
@@ -68,7 +88,7 @@ def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeRe
     if result.problems:
         raise StartError(dict(result.problems), hint=MISMATCH_HINT)
     try:
-        new = build_plan(result.inventory, plan.job, ssh_addresses=ssh, probed=result.probed)
+        new = build_plan(result.inventory, plan.job, ssh_addresses=ssh, probed=(*found, *result.probed))
     except PlanError as exc:
         raise StartError({"plan": str(exc)}, hint=MISMATCH_HINT) from None
     if unknown:

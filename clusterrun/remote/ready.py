@@ -49,6 +49,21 @@ def net_facts():
     return net
 
 
+def visible_gpus(root="/proc/driver/nvidia/gpus", environ=None):
+    """How many NVIDIA GPUs a process started here would see: the driver's GPUs (one directory each, no
+    nvidia-smi run), or as many as CUDA_VISIBLE_DEVICES names when it is set. 0 without a driver."""
+    environ = os.environ if environ is None else environ
+    try:
+        present = len([name for name in os.listdir(root) if not name.startswith(".")])
+    except OSError:
+        return 0
+    chosen = environ.get("CUDA_VISIBLE_DEVICES")
+    if chosen is None:
+        return present
+    named = [item for item in chosen.split(",") if item.strip()]
+    return min(present, len(named)) if named and named[0].strip() != "-1" else 0
+
+
 def check(spec):
     out = {"python": sys.version.split()[0], "executable": sys.executable, "problems": [], "missing": []}
     # Find torch without importing it: an import costs seconds of CPU on every node at every launch.
@@ -85,6 +100,7 @@ def check(spec):
         finally:
             s.close()
     out["net"] = net_facts()
+    out["gpus"] = visible_gpus()
     return out
 
 
