@@ -1,9 +1,14 @@
 """The SSH transport: one paramiko connection per node, opened on first use and reused for every command.
 
-Commands run through the login shell as one command line (``cd DIR && env K=V argv...``),
-so nothing depends on sshd's ``AcceptEnv``. Every connect and every command has a timeout;
-paramiko's exceptions become :class:`~clusterrun.errors.TransportError` subclasses that name
-the node and say what to do.
+Where the connection goes (ssh_config, ProxyJump hops, a ProxyCommand) is decided by
+:mod:`clusterrun.transport.ssh_target`; the key the node shows is judged by
+:mod:`clusterrun.transport.known_hosts`. Commands run through the login shell as one command line
+(``cd DIR && env K=V argv...``), so nothing depends on sshd's ``AcceptEnv``.
+
+Every wait is bounded: ``connect_timeout`` bounds the TCP connect, the handshake, authentication,
+opening each channel and the node's answer to each exec or sftp request; a command by its own
+timeout. paramiko's exceptions become :class:`~clusterrun.errors.TransportError` subclasses that
+name the node and say what to do.
 """
 
 from __future__ import annotations
@@ -11,71 +16,107 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
+import signal
 import socket
+import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import paramiko
 
 from clusterrun.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError
-from clusterrun.inventory.models import HostKeyPolicy, SshSettings
+from clusterrun.inventory.models import SshSettings
 from clusterrun.transport.base import DEFAULT_COMMAND_TIMEOUT, CommandResult, Stream, Transport, shell_command
+from clusterrun.transport.known_hosts import HostKeyCheck, KnownHosts, prefer_key_types
 from clusterrun.transport.ssh_target import SshTarget, resolve_target
 
 _STDERR_KEEP = 64 * 1024
 _KEEPALIVE_S = 5
 _RECV_CHUNK = 1 << 18
-_known_hosts_lock = threading.Lock()
+# paramiko's words for a handshake that did not finish in time: no banner, or start_client's timeout
+# ran out (it then returns quietly and the next call finds "No existing session").
+_HANDSHAKE_STALLED = re.compile(r"banner|No existing session|Negotiation timed out", re.IGNORECASE)
+_PROXY_EXIT_WAIT_S = 2.0  # after SIGHUP, how long a ProxyCommand has to exit before SIGKILL
 
 
-def _fingerprint(key: paramiko.PKey) -> str:
-    return f"{key.get_name()} SHA256:{key.fingerprint.split(':', 1)[-1]}" if hasattr(key, "fingerprint") else (
-        key.get_name())
+class _ProxyCommand:
+    """A ProxyCommand run as OpenSSH runs it (``$SHELL -c "exec COMMAND"``), its stdin and stdout the connection.
+
+    The connection is one end of a socketpair rather than paramiko.ProxyCommand's pipes: paramiko's reader
+    spins on a pipe whose writer has gone (a command that died reads as "No existing session" after the
+    whole banner timeout) and drops the command's stderr. A socket gives paramiko a real end of file and
+    its own timeouts; stderr goes to a file kept for the error message.
+    """
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        ours, theirs = socket.socketpair()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        shell = os.environ.get("SHELL") or "/bin/sh"
+        try:
+            # Its own session: closing the connection signals the command's whole process group.
+            self.process = subprocess.Popen([shell, "-c", f"exec {command}"], stdin=theirs, stdout=theirs,
+                                            stderr=self._stderr, start_new_session=True)
+        except OSError:
+            ours.close()
+            self._stderr.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+
+    def failure(self, grace: float = 0.5) -> str | None:
+        """Why the command ended, if it has or does within ``grace`` seconds: exit status, last stderr line."""
+        try:
+            # Its end of the socket closes as it exits, a moment before it can be reaped.
+            code = self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return None
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(0, self._stderr.tell() - 4096))
+        lines = self._stderr.read().decode(errors="replace").strip().splitlines()
+        said = f": {lines[-1].strip()}" if lines else ""
+        return f"the ProxyCommand `{self.command}` exited with status {code}{said}"
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.process.poll() is None:
+            # OpenSSH ends its ProxyCommand with SIGHUP too.
+            for sig in (signal.SIGHUP, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, sig)
+                try:
+                    self.process.wait(timeout=_PROXY_EXIT_WAIT_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self._stderr.close()
 
 
-class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """What to do with a host whose key is not in known_hosts (a *changed* key never reaches here)."""
-
-    def __init__(self, node: str, target: SshTarget) -> None:
-        self.node = node
-        self.target = target
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        t = self.target
-        if t.policy is HostKeyPolicy.strict:
-            raise HostKeyError(
-                self.node,
-                f"{hostname} is not in {t.known_hosts} and host_key_policy is strict; after checking the key "
-                f"({_fingerprint(key)}), add it: ssh-keyscan -p {t.port} {t.hostname} >> {t.known_hosts}",
-            )
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        if t.policy is HostKeyPolicy.accept_new:
-            line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-            with _known_hosts_lock:
-                path = Path(t.known_hosts)
-                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                with open(path, "a", encoding="utf-8") as fh:
-                    fh.write(line)
-
-
-def _connect_error(node: str, target: SshTarget, exc: BaseException) -> TransportError:
+def _connect_error(node: str, target: SshTarget, exc: BaseException,
+                   proxy: _ProxyCommand | None = None) -> TransportError:
     where = target.describe()
-    if isinstance(exc, paramiko.BadHostKeyException):
-        return HostKeyError(
-            node,
-            f"the host key of {target.known_hosts_name} CHANGED (expected {_fingerprint(exc.expected_key)}, got "
-            f"{_fingerprint(exc.key)}). If the node was reinstalled, remove the old key with "
-            f"`ssh-keygen -R '{target.known_hosts_name}' -f {target.known_hosts}`; otherwise do not connect",
-        )
     if isinstance(exc, HostKeyError):
         return exc
     if isinstance(exc, paramiko.AuthenticationException):
         keys = ", ".join(target.identity_files) or "ssh-agent and ~/.ssh/id_*"
         return AuthError(node, f"authentication failed for {where} (tried {keys}); check the user, identity_file "
                                "and the node's ~/.ssh/authorized_keys")
+    if proxy is not None:
+        ended = proxy.failure()
+        if ended:
+            return ConnectError(node, f"{ended} ({target.proxy_origin}); check that command by running it in a "
+                                      "shell, or set jump_host in the inventory")
+        if isinstance(exc, (socket.timeout, TimeoutError)) or (
+                isinstance(exc, paramiko.SSHException) and _HANDSHAKE_STALLED.search(str(exc))):
+            return ConnectError(node, f"no ssh handshake with {where} within {target.connect_timeout:g}s "
+                                      f"({target.proxy_origin}): the command runs, but what it connects to does "
+                                      "not answer as an sshd")
     if isinstance(exc, socket.gaierror):
         return ConnectError(node, f"cannot resolve host name {target.hostname!r}; check `host` in the inventory "
                                   "or HostName in ssh_config")
@@ -89,9 +130,37 @@ def _connect_error(node: str, target: SshTarget, exc: BaseException) -> Transpor
                                   "another port (set ssh.port)")
     if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return ConnectError(node, f"no route to {target.hostname}; check the address and this machine's routes")
+    if isinstance(exc, paramiko.SSHException) and _HANDSHAKE_STALLED.search(str(exc)):
+        return ConnectError(node, f"{where} accepted the connection but did not complete the ssh handshake within "
+                                  f"{target.connect_timeout:g}s: is sshd (and not another service) listening on "
+                                  f"port {target.port}, and is the node not overloaded?")
     if isinstance(exc, paramiko.SSHException):
         return ConnectError(node, f"ssh to {where} failed: {exc}")
     return ConnectError(node, f"cannot connect to {where}: {exc}")
+
+
+@contextlib.contextmanager
+def _answered_within(channel: paramiko.Channel, seconds: float) -> Iterator[threading.Event]:
+    """Close ``channel`` if the block is still waiting after ``seconds``; the event tells whether it was.
+
+    paramiko waits for the server's answer to an exec or subsystem request with no timeout at all: a node
+    that stalls after the session opened would hold the caller forever.
+    """
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            channel.close()
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield expired
+    finally:
+        timer.cancel()
+        timer.join(timeout=1.0)
 
 
 class SshStream(Stream):
@@ -134,11 +203,9 @@ class SshStream(Stream):
                 return False
 
     def wait(self, timeout: float) -> int | None:
-        deadline = time.monotonic() + timeout
-        while not self._channel.exit_status_ready():
-            if time.monotonic() >= deadline or self._channel.closed:
-                return None if not self._channel.exit_status_ready() else self._channel.recv_exit_status()
-            time.sleep(0.05)
+        # paramiko sets status_event when the exit status arrives or the channel closes.
+        if not self._channel.status_event.wait(timeout):
+            return None
         return self._channel.recv_exit_status()
 
     def abort(self) -> None:
@@ -159,6 +226,7 @@ class SshTransport(Transport):
         self._target: SshTarget | None = None
         self._client: paramiko.SSHClient | None = None
         self._jump_clients: list[paramiko.SSHClient] = []
+        self._proxies: list[_ProxyCommand] = []
         self._lock = threading.Lock()
 
     @property
@@ -169,26 +237,27 @@ class SshTransport(Transport):
 
     # ------------------------------------------------------------ connection
 
-    def _new_client(self, target: SshTarget, sock: Any = None) -> paramiko.SSHClient:
+    def _new_client(self, target: SshTarget, sock: Any = None, proxy: _ProxyCommand | None = None
+                    ) -> paramiko.SSHClient:
+        # Read on every connect (a malformed line only warns); paramiko's own host key list stays empty so
+        # that every key reaches HostKeyCheck, which knows the file and line of what it compares with.
+        known = KnownHosts.load(target.known_hosts + target.global_known_hosts)
         client = paramiko.SSHClient()
-        if target.policy is not HostKeyPolicy.off and os.path.isfile(target.known_hosts):
-            try:
-                client.get_host_keys().load(target.known_hosts)  # not load_host_keys: never rewrite the file
-            except (OSError, paramiko.SSHException) as exc:
-                raise HostKeyError(self.node, f"cannot read {target.known_hosts}: {exc}") from None
-        client.set_missing_host_key_policy(_HostKeyPolicy(self.node, target))
+        client.set_missing_host_key_policy(HostKeyCheck(self.node, target, known))
         try:
             client.connect(
                 target.hostname, port=target.port, username=target.user,
                 key_filename=list(target.identity_files) or None,
                 look_for_keys=not target.identity_files, allow_agent=True,
+                # One bound per phase: TCP connect and key exchange, the banner, authentication, channels.
                 timeout=target.connect_timeout, banner_timeout=target.connect_timeout,
                 auth_timeout=target.connect_timeout, channel_timeout=target.connect_timeout, sock=sock,
+                transport_factory=prefer_key_types(known.key_types(target.known_hosts_name)),
             )
         except Exception as exc:
             client.close()
             if isinstance(exc, (paramiko.SSHException, OSError, HostKeyError, EOFError)):
-                raise _connect_error(self.node, target, exc) from None
+                raise _connect_error(self.node, target, exc, proxy) from None
             raise
         transport = client.get_transport()
         if transport is not None:
@@ -205,27 +274,38 @@ class SshTransport(Transport):
                 transport = self._client.get_transport()
                 if transport is not None and transport.is_active():
                     return self._client
-                self._close_locked()
-            target = self.target
-            sock = self._through_jumps(target)
-            self._client = self._new_client(target, sock)
+            self._close_locked()
+            try:
+                self._client = self._open(self.target)
+            except BaseException:
+                self._close_locked()  # the hops and ProxyCommands opened before the failure
+                raise
             return self._client
 
-    def _through_jumps(self, target: SshTarget) -> paramiko.Channel | None:
-        """A channel to ``target`` through its ProxyJump chain (None when it has none)."""
+    def _open(self, target: SshTarget) -> paramiko.SSHClient:
+        """A client connected to ``target`` through its ProxyCommand or jump chain (kept for closing)."""
+        if target.proxy_command:
+            try:
+                proxy = _ProxyCommand(target.proxy_command)
+            except OSError as exc:
+                raise ConnectError(self.node, f"cannot start the ProxyCommand `{target.proxy_command}` "
+                                              f"({target.proxy_origin}): {exc}") from None
+            self._proxies.append(proxy)
+            return self._new_client(target, proxy.sock, proxy)
         if target.jump is None:
-            return None
-        sock = self._through_jumps(target.jump)
-        client = self._new_client(target.jump, sock)
-        self._jump_clients.append(client)
-        transport = client.get_transport()
-        assert transport is not None
+            return self._new_client(target)
+        jump_client = self._open(target.jump)
+        self._jump_clients.append(jump_client)
+        transport = jump_client.get_transport()
+        if transport is None:
+            raise ConnectError(self.node, f"the connection to the jump host {target.jump.describe()} closed")
         try:
-            return transport.open_channel("direct-tcpip", (target.hostname, target.port), ("", 0),
-                                          timeout=target.connect_timeout)
-        except (paramiko.SSHException, OSError) as exc:
+            channel = transport.open_channel("direct-tcpip", (target.hostname, target.port), ("", 0),
+                                             timeout=target.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectError(self.node, f"the jump host {target.jump.describe()} could not reach "
                                           f"{target.hostname}:{target.port}: {exc}") from None
+        return self._new_client(target, channel)
 
     def _channel(self) -> paramiko.Channel:
         client = self._connected()
@@ -237,22 +317,40 @@ class SshTransport(Transport):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectError(self.node, f"cannot open an ssh session on {self.target.describe()}: {exc}") from None
 
+    def _request(self, channel: paramiko.Channel, send: Callable[[], None], what: str, seconds: float) -> None:
+        """Send an exec or subsystem request and wait at most ``seconds`` for the node to accept it."""
+        with _answered_within(channel, seconds) as expired:
+            try:
+                send()
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                channel.close()
+                if expired.is_set():
+                    raise CommandTimeout(self.node, f"{self.target.describe()} did not accept {what} within "
+                                                    f"{seconds:g}s (is the node or its sshd stalled?)") from None
+                raise ConnectError(self.node, f"cannot start {what}: {exc}") from None
+
     # ------------------------------------------------------------ commands
 
     def run(self, argv: Sequence[str], *, timeout: float = DEFAULT_COMMAND_TIMEOUT,
             env: Mapping[str, str] | None = None, cwd: str | None = None,
             stdin: bytes | None = None) -> CommandResult:
         command = shell_command(argv, env, cwd)
+        shown = f"`{' '.join(argv)[:200]}`"
         started = time.monotonic()
+        deadline = started + timeout
         channel = self._channel()
         out, err = bytearray(), bytearray()
         try:
-            channel.settimeout(0.2)
-            channel.exec_command(command)
+            self._request(channel, lambda: channel.exec_command(command), shown,
+                          min(timeout, self.target.connect_timeout))
             if stdin is not None:
-                channel.sendall(stdin)
+                channel.settimeout(max(0.01, deadline - time.monotonic()))
+                try:
+                    channel.sendall(stdin)
+                except TimeoutError:
+                    raise CommandTimeout(self.node, f"{shown} did not read its stdin within {timeout:g}s") from None
             channel.shutdown_write()
-            deadline = started + timeout
+            channel.settimeout(0.2)
             while True:
                 got = False
                 while channel.recv_ready():
@@ -264,7 +362,7 @@ class SshTransport(Transport):
                 if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                     break
                 if time.monotonic() > deadline:
-                    raise CommandTimeout(self.node, f"`{' '.join(argv)[:200]}` did not finish within {timeout:g}s")
+                    raise CommandTimeout(self.node, f"{shown} did not finish within {timeout:g}s")
                 if not got:
                     time.sleep(0.01)
             code = channel.recv_exit_status()
@@ -278,19 +376,19 @@ class SshTransport(Transport):
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
               cwd: str | None = None) -> Stream:
         channel = self._channel()
-        try:
-            channel.exec_command(shell_command(argv, env, cwd))
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            channel.close()
-            raise ConnectError(self.node, f"cannot start `{argv[0]}`: {exc}") from None
+        command = shell_command(argv, env, cwd)
+        self._request(channel, lambda: channel.exec_command(command), f"`{argv[0]}`", self.target.connect_timeout)
         return SshStream(channel)
 
     def put(self, local: Path, remote: str) -> None:
-        client = self._connected()
         remote_path = remote[2:] if remote.startswith("~/") else remote  # sftp starts in the home directory
+        channel = self._channel()
         try:
-            with client.open_sftp() as sftp:
-                sftp.get_channel().settimeout(max(60.0, self.target.connect_timeout))
+            self._request(channel, lambda: channel.invoke_subsystem("sftp"), "the sftp subsystem",
+                          self.target.connect_timeout)
+            # Every sftp reply is waited for at most this long (a stalled node fails the copy, not the caller).
+            channel.settimeout(max(60.0, self.target.connect_timeout))
+            with paramiko.SFTPClient(channel) as sftp:
                 # Write beside, then rename: a node sharing this path (NFS home) never reads half a file.
                 partial = f"{remote_path}.part-{os.getpid()}-{threading.get_ident()}"
                 sftp.put(str(local), partial)
@@ -298,21 +396,27 @@ class SshTransport(Transport):
                 sftp.posix_rename(partial, remote_path)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise TransportError(self.node, f"cannot copy {local} to {remote}: {exc}") from None
+        finally:
+            channel.close()
 
     # ------------------------------------------------------------ close
 
     def _close_locked(self) -> None:
+        # The node's connection first, then each hop it went through, then the ProxyCommands under them.
         for client in (self._client, *reversed(self._jump_clients)):
             if client is not None:
                 client.close()
+        for proxy in reversed(self._proxies):
+            proxy.close()
         self._client = None
         self._jump_clients = []
+        self._proxies = []
 
     def peer_address(self) -> str | None:
-        """The address this connection reached (None before connecting or through a ProxyJump)."""
+        """The address this connection reached (None before connecting, through a ProxyJump or ProxyCommand)."""
         with contextlib.suppress(Exception):
             transport = self._client.get_transport() if self._client else None
-            if transport is not None and not self.target.jump:
+            if transport is not None and not self.target.jump and not self.target.proxy_command:
                 return str(transport.getpeername()[0])
         return None
 

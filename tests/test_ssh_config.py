@@ -1,0 +1,299 @@
+"""ssh_config as OpenSSH reads it: Include, the system file, first value wins, Match, proxies, jump specs.
+
+Each test writes real config files under tmp_path (HOME points there, so ``~/.ssh`` is tmp_path/.ssh).
+Where the OpenSSH client is installed, ``ssh -G`` resolves the same files and the two must agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from clusterrun.errors import UsageError
+from clusterrun.inventory.models import HostKeyPolicy, SshSettings
+from clusterrun.transport.ssh_target import JumpHop, config_files, lookup_config, parse_jump_spec, resolve_target
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("USER", "me")
+    (tmp_path / ".ssh").mkdir()
+    return tmp_path
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def target(config: Path, host: str, **settings: object):
+    return resolve_target(host, SshSettings(config_file=str(config), **settings))  # type: ignore[arg-type]
+
+
+def test_include_is_relative_to_dot_ssh_globbed_in_order_and_first_value_wins(home: Path) -> None:
+    write(home / ".ssh/conf.d/20-late.conf", "Host gpu*\n    User late\n    Port 2202\n")
+    write(home / ".ssh/conf.d/10-early.conf", "Host gpu*\n    User early\n")
+    config = write(home / ".ssh/config", "Host gpu01\n    HostName 10.0.0.1\nInclude conf.d/*.conf\n"
+                                         "Host *\n    User fallback\n    Port 2299\n")
+    t = target(config, "gpu01")
+    assert (t.hostname, t.user, t.port) == ("10.0.0.1", "early", 2202)
+    assert target(config, "other").user == "fallback"
+
+
+def test_include_inside_a_host_block_applies_only_to_that_host(home: Path) -> None:
+    write(home / ".ssh/gpu.conf", "User gpuuser\nHost *\n    Port 2222\n")
+    config = write(home / ".ssh/config", "Host gpu*\n    Include gpu.conf\nHost *\n    User plain\n")
+    assert (target(config, "gpu3").user, target(config, "gpu3").port) == ("gpuuser", 2222)
+    assert (target(config, "cpu3").user, target(config, "cpu3").port) == ("plain", 22)
+
+
+def test_system_file_is_read_after_the_users_and_only_without_config_file(home: Path) -> None:
+    user = write(home / ".ssh/config", "Host gpu*\n    User mine\n")
+    system = write(home / "etc/ssh_config", "Host *\n    User systemwide\n    Port 2200\n")
+    found = lookup_config("gpu1", [(user, False), (system, True)])
+    assert (found.get("user"), found.get("port")) == ("mine", "2200")
+    assert str(found.origin("port")) == f"{system}:3"
+    # An explicit config_file replaces both files, like `ssh -F`.
+    assert config_files(str(user)) == [(user, False)]
+    assert config_files(None)[0] == (user, False)
+    with pytest.raises(UsageError, match="config_file not found"):
+        config_files(str(home / "missing"))
+
+
+def test_proxycommand_tokens_use_the_inventorys_user_and_port(home: Path) -> None:
+    config = write(home / "cfg", "Host gpu*\n    HostName %h.cluster\n    User cfguser\n"
+                                 "    ProxyCommand ssh -W %h:%p %r@bastion -- %n 100%%\n")
+    t = target(config, "gpu1", user="alice", port=2222)
+    assert t.proxy_command == "ssh -W gpu1.cluster:2222 alice@bastion -- gpu1 100%"
+    assert t.jump is None
+    assert t.proxy_origin == f"ProxyCommand at {config}:4"
+    assert "via ProxyCommand `ssh -W gpu1.cluster:2222" in t.describe()
+    assert target(config, "gpu1").proxy_command == "ssh -W gpu1.cluster:22 cfguser@bastion -- gpu1 100%"
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("Host gpu1\n    ProxyCommand none\nHost *\n    ProxyCommand nc %h %p\n", (None, None)),
+        ("Host gpu1\n    ProxyJump none\nHost *\n    ProxyCommand nc %h %p\n", (None, None)),
+        ("Host gpu1\n    ProxyCommand none\nHost *\n    ProxyJump bastion\n", (None, None)),
+        ("Host bastion\n    ProxyJump none\nHost *\n    ProxyJump bastion\n    ProxyCommand nc %h %p\n",
+         (None, "bastion")),
+        ("Host *\n    ProxyCommand nc %h %p\n    ProxyJump bastion\n", ("nc gpu1 22", None)),
+    ],
+    ids=["command-none", "jump-none-blocks-command", "command-none-blocks-jump", "jump-first", "command-first"],
+)
+def test_proxycommand_and_proxyjump_first_one_wins_and_none_disables_both(
+        home: Path, text: str, expect: tuple[str | None, str | None]) -> None:
+    t = target(write(home / "cfg", text), "gpu1")
+    assert (t.proxy_command, t.jump.alias if t.jump else None) == expect
+
+
+def test_inventory_jump_host_wins_over_ssh_config_and_none_disables(home: Path) -> None:
+    config = write(home / "cfg", "Host *\n    ProxyCommand nc %h %p\n")
+    t = target(config, "gpu1", jump_host="bastion")
+    assert (t.proxy_command, t.jump and t.jump.hostname) == (None, "bastion")
+    assert t.proxy_origin == "the inventory's jump_host"
+    t = target(config, "gpu1", jump_host="none")
+    assert (t.proxy_command, t.jump) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("spec", "hops"),
+    [
+        ("bastion", (JumpHop(None, "bastion", None),)),
+        ("ops@bastion:2200", (JumpHop("ops", "bastion", 2200),)),
+        ("ssh://ops@bastion:2200", (JumpHop("ops", "bastion", 2200),)),
+        ("ssh://bastion/", (JumpHop(None, "bastion", None),)),
+        ("[fe80::1]:2222", (JumpHop(None, "fe80::1", 2222),)),
+        ("ops@[2001:db8::7]", (JumpHop("ops", "2001:db8::7", None),)),
+        ("ssh://ops@[2001:db8::7]:22", (JumpHop("ops", "2001:db8::7", 22),)),
+        ("2001:db8::7", (JumpHop(None, "2001:db8::7", None),)),
+        ("a@first:1, ssh://second,[::1]:3",
+         (JumpHop("a", "first", 1), JumpHop(None, "second", None), JumpHop(None, "::1", 3))),
+        ("NONE", None),
+    ],
+)
+def test_jump_spec_forms(spec: str, hops: tuple[JumpHop, ...] | None) -> None:
+    assert parse_jump_spec(spec) == hops
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ("bastion:ssh", r"port 'ssh' is not a number"),
+        ("bastion:0", r"port '0' is not a number from 1 to 65535"),
+        ("ssh://bastion/home", "no path"),
+        ("[::1", r"expected \[user@\]host"),
+        ("[::1]2222", r"expected \[user@\]host"),
+        ("@bastion", "empty user"),
+        ("a,,b", r"expected \[user@\]host"),
+    ],
+)
+def test_bad_jump_specs_name_where_they_come_from(spec: str, error: str) -> None:
+    with pytest.raises(UsageError, match=rf"^the inventory's jump_host: ProxyJump .*{error}"):
+        parse_jump_spec(spec, "the inventory's jump_host")
+
+
+def test_tokens_in_a_jump_spec_use_the_inventorys_user_and_port(home: Path) -> None:
+    config = write(home / "cfg", "Host gpu*\n    User cfguser\n    ProxyJump ssh://%r@bastion-%h:%p\n"
+                                 "Host bastion-*\n    ProxyJump none\n")
+    t = target(config, "gpu1", user="alice", port=2200)
+    assert t.jump is not None
+    assert (t.jump.user, t.jump.hostname, t.jump.port) == ("alice", "bastion-gpu1", 2200)
+    assert t.proxy_origin == f"ProxyJump at {config}:3"
+    assert t.jump.user == "alice"
+    t = target(config, "gpu1")
+    assert t.jump is not None and (t.jump.user, t.jump.port) == ("cfguser", 22)
+
+
+def test_jump_chain_first_hop_keeps_its_own_proxycommand_later_hops_chain(home: Path) -> None:
+    config = write(home / "cfg", "Host outer\n    ProxyCommand connect-outer %h\n"
+                                 "Host inner\n    ProxyJump inner:2200\n")  # replaced by the chain: no loop
+    t = target(config, "gpu1", jump_host="outer,root@inner:2200", identity_file="~/node_key")
+    assert t.identity_files == (str(home / "node_key"),)
+    inner = t.jump
+    assert inner is not None and (inner.alias, inner.user, inner.port, inner.proxy_command) == (
+        "inner", "root", 2200, None)
+    outer = inner.jump
+    assert outer is not None and (outer.alias, outer.proxy_command, outer.jump) == ("outer", "connect-outer outer", None)
+    assert inner.identity_files == outer.identity_files == ()  # the inventory's key is the node's, as `ssh -i`
+    assert t.describe() == "me@gpu1:22 via root@inner:2200 via me@outer:22 via ProxyCommand `connect-outer outer`"
+
+
+def test_jump_loops_in_ssh_config_are_errors(home: Path) -> None:
+    config = write(home / "cfg", "Host a\n    ProxyJump b\nHost b\n    ProxyJump a\n")
+    with pytest.raises(UsageError, match="ProxyJump chain longer than"):
+        target(config, "a")
+    # The usual slip: a catch-all ProxyJump that also applies to the jump host (OpenSSH: "jumphost loop").
+    config = write(home / "cfg", "Host *\n    ProxyJump bastion\n")
+    with pytest.raises(UsageError, match=r"cfg:2: me@bastion:22 would be reached through itself.*ProxyJump none"):
+        target(config, "gpu1")
+
+
+@pytest.mark.parametrize("criterion", ["exec \"test -e /x\"", "localnetwork 10.0.0.0/8", "tagged x",
+                                       "!exec true", "host gpu* exec true", "nosuchthing x"])
+def test_unsupported_match_warns_once_with_file_and_line_and_does_not_apply(
+        home: Path, caplog: pytest.LogCaptureFixture, criterion: str) -> None:
+    config = write(home / "cfg", f"Host *\n    Port 2200\nMatch {criterion}\n    User wrong\n    Port 1\n")
+    with caplog.at_level(logging.WARNING):
+        t = target(config, "gpu1")
+        target(config, "gpu2")
+    assert (t.user, t.port) == ("me", 2200)
+    warnings = [r.getMessage() for r in caplog.records if "Match" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"{config}:3: `Match ")
+    assert "treated as not matching" in warnings[0]
+
+
+def test_supported_match_criteria(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write(home / "cfg", "Host gpu*\n    HostName 10.1.0.5\n"
+                                 "Match host 10.1.* !originalhost gpu9\n    Port 2201\n"
+                                 "Match user alice\n    IdentityFile ~/alice_key\n"
+                                 "Match localuser me final\n    ConnectTimeout 7\n"
+                                 "Match canonical\n    Port 9\n"
+                                 "Match all\n    Port 2209\n")
+    (home / "alice_key").write_text("")
+    t = target(config, "gpu1", user="alice")
+    assert (t.port, t.identity_files, t.connect_timeout) == (2201, (str(home / "alice_key"),), 7.0)
+    t = target(config, "gpu9")
+    assert (t.port, t.identity_files) == (2209, ())
+
+
+def test_host_patterns_wildcards_negation_case_and_brackets(home: Path) -> None:
+    config = write(home / "cfg", "Host gpu?? !gpu13\n    Port 2201\nHost [web]*\n    Port 2202\n"
+                                 "Host !*.internal\n    Port 2203\n")
+    assert target(config, "GPU12").port == 2201
+    assert target(config, "gpu13").port == 22  # only negated patterns match in the last block: never
+    assert target(config, "[web]01").port == 2202
+    assert target(config, "w1").port == 22
+
+
+def test_quotes_comments_equals_and_identity_tokens(home: Path) -> None:
+    key = home / ".ssh" / "id gpu1"
+    key.write_text("")
+    config = write(home / "cfg", "# a comment\nHost gpu1 # trailing comment\n"
+                                 "    IdentityFile \"~/.ssh/id %h\"\n    IdentityFile ~/.ssh/missing\n"
+                                 "    Port=2200\n    StrictHostKeyChecking yes\n"
+                                 "    UserKnownHostsFile ~/.ssh/kh_%h ${HOME}/second\n"
+                                 "    GlobalKnownHostsFile none\n    HashKnownHosts yes\n    HostKeyAlias gpu-one\n")
+    t = target(config, "gpu1")
+    assert t.identity_files == (str(key),)  # a listed key that does not exist is left out, as ssh does
+    assert t.port == 2200
+    assert t.policy is HostKeyPolicy.strict
+    assert t.known_hosts == (str(home / ".ssh/kh_gpu1"), str(home / "second"))
+    assert t.global_known_hosts == ()
+    assert t.hash_known_hosts
+    assert t.known_hosts_name == "[gpu-one]:2200"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("Host x\n    Port twentytwo\n", r"cfg:2: Port: port 'twentytwo' is not a number"),
+        ("Host x\n    ConnectTimeout soon\n", r"cfg:2: ConnectTimeout 'soon' is not a number"),
+        ("Host\n", r"cfg:1: Host needs at least one pattern"),
+        ("Match\n", r"cfg:1: Match needs a criterion"),
+        ("Match host\n", r"cfg:1: `Match host` needs an argument"),
+        ("Host x\n    ProxyCommand nc %z\n", r"cfg:2: unknown token %z"),
+        ("Host x\n    User \"unterminated\n", r"cfg:2: unterminated quote"),
+        ("Host x\n    ProxyJump bastion:99999\n", r"ProxyJump at .*cfg:2: ProxyJump 'bastion:99999'"),
+        ("%bad line\n", r"cfg:1: cannot read this ssh_config line"),
+    ],
+)
+def test_config_errors_name_file_and_line(home: Path, text: str, error: str) -> None:
+    with pytest.raises(UsageError, match=error):
+        target(write(home / "cfg", text), "x")
+
+
+def test_include_loop_is_an_error(home: Path) -> None:
+    config = write(home / ".ssh/config", "Include config\n")
+    with pytest.raises(UsageError, match="Include nested more than 16 deep"):
+        target(config, "x")
+
+
+# ---------------------------------------------------------------- agreement with OpenSSH's own resolution
+
+OPENSSH_CASES = [
+    ("gpu01", None, None),
+    ("gpu02", "bob", 2022),
+    ("gpu99", None, None),
+    ("web1", None, None),
+    ("10.9.9.9", None, None),
+]
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="the OpenSSH client is not installed")
+@pytest.mark.parametrize(("host", "user", "port"), OPENSSH_CASES)
+def test_resolution_agrees_with_ssh_dash_g(home: Path, host: str, user: str | None, port: int | None) -> None:
+    inc = write(home / "inc" / "a.conf", "Host gpu*\n    User fromincl\n    Port 2201\n")
+    config = write(home / "cfg", f"Host gpu01\n    HostName 10.0.0.1\nInclude {inc.parent}/*.conf\n"
+                                 "Host gpu* !gpu99\n    User unused\n    ProxyCommand ssh -W %h:%p bastion\n"
+                                 "Match host 10.*\n    User tenuser\n    ProxyJump jump1,jump2:2200\n"
+                                 "Host web*\n    ProxyCommand none\nHost jump*\n    ProxyJump none\n"
+                                 "Host *\n    ProxyJump ssh://ops@jumpy:2200\n")
+    argv = ["ssh", "-G", "-F", str(config)] + (["-l", user] if user else []) + (["-p", str(port)] if port else [])
+    out = subprocess.run([*argv, host], capture_output=True, text=True, timeout=20, check=True).stdout
+    ssh_g: dict[str, str] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        ssh_g.setdefault(key, value)
+    found = lookup_config(host, [(config, False)], user=user)
+    t = target(config, host, user=user, port=port)
+    assert t.hostname == ssh_g["hostname"]
+    assert t.port == int(ssh_g["port"])
+    if user is None and "user" in ssh_g and ssh_g["user"] != "root":  # ssh -G's default is the real login
+        assert t.user == ssh_g["user"]
+    proxy = found.proxy
+    ours = (proxy.kind, proxy.value) if proxy and proxy.value else None
+    theirs = (("command", ssh_g["proxycommand"]) if "proxycommand" in ssh_g else
+              ("jump", ssh_g["proxyjump"]) if "proxyjump" in ssh_g else None)
+    if ours and theirs and ours[0] == theirs[0] == "jump":  # ssh -G prints ssh:// URIs as user@host:port
+        ours, theirs = ("jump", parse_jump_spec(ours[1])), ("jump", parse_jump_spec(theirs[1]))
+    assert ours == theirs
