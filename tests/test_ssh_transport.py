@@ -107,6 +107,7 @@ def test_clusterrun_exec_with_a_broken_known_hosts_line_warns_once_for_all_nodes
     done = run_clusterrun("exec", str(inv), "--", "true", cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count(f"{known}:5: skipped a malformed known_hosts line") == 1, done.stderr
+    assert "clusterrun: warning: " in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -68,10 +68,25 @@ def cli() -> None:
     """
 
 
+def _warnings_to_stderr() -> None:
+    """The library's warnings (a skipped known_hosts line, an ssh_config block not applied) as clusterrun's lines."""
+    import logging
+
+    logger = logging.getLogger("clusterrun")
+    if not any(getattr(h, "clusterrun", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("clusterrun: warning: %(message)s"))
+        handler.setLevel(logging.WARNING)
+        handler.clusterrun = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; clusterrun's own errors become a message on stderr and their exit code."""
     from clusterrun.errors import ClusterrunError
 
+    _warnings_to_stderr()
     try:
         result = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
     except ClusterrunError as exc:

@@ -48,8 +48,10 @@ def run_everywhere(inv: Inventory, transports: Mapping[str, Transport], command:
             transport = transports[name]
             stream = transport.start(remote.argv(inv.python_of(node), "agent", "exec", spec,
                                                  inline=not transport.is_local))
-        except ClusterrunError as exc:
-            events.put((name, {"ev": "error", "text": getattr(exc, "reason", None) or str(exc)}))
+        except Exception as exc:  # whatever it was, this node ends with it and the others go on
+            text = (getattr(exc, "reason", None) or str(exc)) if isinstance(exc, ClusterrunError) else (
+                f"could not start the command: {type(exc).__name__}: {exc}")
+            events.put((name, {"ev": "error", "text": text}))
             events.put((name, None))
             return
         streams[name] = stream
