@@ -50,6 +50,7 @@ yow.example.com slots=4 max-slots=4
         ("worker-1 slots=04", [HostfileEntry("worker-1", 4, 1)]),
         ("10.0.0.1 slots=8\n10.0.0.2 slots=8", [HostfileEntry("10.0.0.1", 8, 1), HostfileEntry("10.0.0.2", 8, 2)]),
         ("FE80:0::1 slots=1", [HostfileEntry("fe80::1", 1, 1)]),
+        ("worker_1 slots=4", [HostfileEntry("worker_1", 4, 1)]),  # Slurm and ssh_config names may hold '_'
     ],
 )
 def test_parses_documented_hostfiles(text: str, expected: list[HostfileEntry]) -> None:
@@ -72,8 +73,8 @@ def test_parses_documented_hostfiles(text: str, expected: list[HostfileEntry]) -
         ("worker-1 worker-2", "hosts:1:", "unexpected 'worker-2'"),
         ("worker-1 slots = 4", "hosts:1:", "'slots = 4': write settings without spaces around '='"),
         ("worker-1 slots= 4", "hosts:1:", "'slots= 4': write settings without spaces around '='"),
-        ("worker_1 slots=4", "hosts:1:", "'worker_1' is not a valid host name"),
-        ("-worker slots=4", "hosts:1:", "'-worker' is not a valid host name"),
+        ("-worker slots=4", "hosts:1:", "host '-worker' starts with '-'"),
+        ("ml@worker-1 slots=4", "hosts:1:", "host 'ml@worker-1' holds '@'"),
         ("10.0.0.300 slots=4", "hosts:1:", "'10.0.0.300' is not a valid IPv4 address"),
         ("worker-1:2222 slots=4", "hosts:1:", "'worker-1:2222' is not a valid IPv6 address"),
         ("worker-1 slots=4 max_slots=2", "hosts:1:", "max_slots=2 is less than slots=4"),

@@ -7,6 +7,7 @@ import pytest
 from clusterrun.errors import UsageError
 from clusterrun.inventory.hostspec import (
     MAX_GPU_INDEX,
+    MAX_HOST_LENGTH,
     HostSpec,
     normalize_host,
     parse_env_assignments,
@@ -31,8 +32,16 @@ from clusterrun.inventory.hostspec import (
         ("fe80::1:2222", [HostSpec("fe80::1:2222")]),  # bare IPv6 never carries a port
         (" 10.0.0.1 ,  10.0.0.2:65535 ", [HostSpec("10.0.0.1"), HostSpec("10.0.0.2", 65535)]),
         ("localhost:1", [HostSpec("localhost", 1)]),
-        ("1node", [HostSpec("1node")]),  # RFC 1123 lets labels start with a digit
+        ("1node", [HostSpec("1node")]),
         ("a" * 63, [HostSpec("a" * 63)]),
+        # Slurm node names and ssh_config aliases may hold underscores; ssh takes them
+        ("gpu_01,rack0_blade2:2222", [HostSpec("gpu_01"), HostSpec("rack0_blade2", 2222)]),
+        ("gpu_01.cluster.local", [HostSpec("gpu_01.cluster.local")]),
+        ("gpu01.", [HostSpec("gpu01.")]),  # a fully qualified name with its root dot
+        ("gpu-", [HostSpec("gpu-")]),
+        ("gpü01", [HostSpec("gpü01")]),
+        ("a" * 64, [HostSpec("a" * 64)]),  # no per-label limit: an alias is no DNS name
+        (".".join(["a" * 63] * 4)[:MAX_HOST_LENGTH], [HostSpec(".".join(["a" * 63] * 4)[:MAX_HOST_LENGTH])]),
         # the same host on different ports is two nodes (containers behind port forwards)
         ("10.0.0.1:2222,10.0.0.1:2223", [HostSpec("10.0.0.1", 2222), HostSpec("10.0.0.1", 2223)]),
     ],
@@ -57,20 +66,23 @@ def test_parse_ips_accepts_hosts_ports_and_ipv6(value: str, expected: list[HostS
         ("10.0.0.1,10.0.0.2,10.0.0.1", "'10.0.0.1'", "listed twice (items 1 and 3)"),
         ("Node1,node1", "'node1'", "listed twice (items 1 and 2)"),
         ("[::1]:22,[0::1]:22", "'[0::1]:22'", "listed twice"),
-        ("gpu_01", "--ips: 'gpu_01' is not a valid host name: '_' is not allowed", "(RFC 1123)"),
-        ("gpu_01:22", "--ips: 'gpu_01:22': 'gpu_01' is not a valid host name", "'_' is not allowed"),
-        ("-gpu", "'-gpu'", "may not start or end with '-'"),
-        ("gpu-", "'gpu-'", "not a valid host name"),
-        ("gpu..01", "'gpu..01'", "empty part between dots"),
-        ("gpu.", "'gpu.'", "empty part between dots"),
-        ("a" * 64, "a" * 64, "not a valid host name"),
-        (".".join(["a" * 63] * 4), "longer than 253 characters", "host name"),
-        ("user@gpu01", "'user@gpu01'", "'@' is not allowed"),
+        ("-gpu", "--ips: host '-gpu'", "starts with '-', which ssh would read as an option"),
+        ("-oProxyCommand=x:22", "--ips: '-oProxyCommand=x:22': host '-oProxyCommand=x'", "starts with '-'"),
+        ("user@gpu01", "host 'user@gpu01'", "holds '@'; give the host alone and the user with --ssh-user"),
+        ("gpu\x0001", "host 'gpu\\x0001'", "holds a NUL character"),
+        ("gpu\x1b[0m", "host 'gpu\\x1b[0m'", "holds the control character '\\x1b'"),
+        ("\ufeffgpu01", "host '\\ufeffgpu01'", "holds the invisible character '\\ufeff'"),
+        ("gpu\u200b01:22", "host 'gpu\\u200b01'", "holds the invisible character '\\u200b'"),
+        ("gpu01;reboot", "host 'gpu01;reboot'", "holds ';', which ssh refuses in a host name"),
+        ("gpu$(id)", "host 'gpu$(id)'", "holds '$', '(', ')', which ssh refuses"),
         ("gpu 01,x", "'gpu 01'", "separate hosts with commas"),
-        ("gpü01", "'gpü01'", "not a valid host name"),
+        ("a" * 254, "host 'aaaaaaaaaaaaaaaaaaaa'... (254 characters)", f"is longer than {MAX_HOST_LENGTH} characters"),
+        ("gpu-02:" + "9" * 5000, "port 9999999999999999999999999999999999999999... (5000 characters)", "out of range"),
+        ("gpu\t01", "'gpu\\t01'", "separate hosts with commas"),
         ("10.0.0.256", "'10.0.0.256'", "not a valid IPv4 address"),
-        ("10.0.0", "'10.0.0'", "not a valid IPv4 address"),
+        ("10.0.0", "'10.0.0'", "not a valid IPv4 address; write four numbers from 0 to 255"),
         ("010.0.0.1", "'010.0.0.1'", "not a valid IPv4 address"),
+        ("42", "'42'", "not a valid IPv4 address"),  # ssh would connect to 0.0.0.42
         ("fe80::zz", "'fe80::zz'", "not a valid IPv6 address; to give an IPv6 address a port"),
         ("[10.0.0.1]:22", "'[10.0.0.1]:22'", "brackets are only for IPv6"),
         ("[fe80::1", "'[fe80::1'", "is not a host"),
@@ -90,8 +102,23 @@ def test_parse_ips_errors_name_the_flag_and_item(value: str, offending: str | No
 
 
 def test_parse_ips_names_the_flag_it_was_given() -> None:
-    with pytest.raises(UsageError, match=r"^--hosts: 'bad_host'"):
-        parse_ips("bad_host", flag="--hosts")
+    with pytest.raises(UsageError, match=r"^--hosts: host '-bad_host'"):
+        parse_ips("-bad_host", flag="--hosts")
+
+
+@pytest.mark.parametrize("bad", ["-gpu01", "gpu\x00", "gpu\n01", "gpu\x7f", "gpu 01", "a|b", "a,b", "u@h", ""])
+def test_normalize_host_refuses_what_would_break_in_one_line(bad: str) -> None:
+    with pytest.raises(ValueError) as info:
+        normalize_host(bad)
+    message = str(info.value)
+    assert "\n" not in message
+    assert repr(bad) in message or bad == ""
+    assert "; " in message  # what is wrong, then what to do
+
+
+@pytest.mark.parametrize("name", ["gpu_01", "rack0_blade2", "GPU-01.Example.com", "login.", "my_alias-2", "n%1"])
+def test_normalize_host_keeps_names_ssh_accepts_as_written(name: str) -> None:
+    assert normalize_host(name) == name
 
 
 @pytest.mark.parametrize(("spec", "text"), [
@@ -141,6 +168,8 @@ def test_parse_gpu_list(value: str, expected: tuple[int, ...]) -> None:
         ("0,1,1", "GPU 1", "given twice"),
         ("0-3,2", "GPU 2", "given twice"),
         (f"0-{MAX_GPU_INDEX + 1}", f"'0-{MAX_GPU_INDEX + 1}'", f"above {MAX_GPU_INDEX}"),
+        ("0-" + "9" * 5000, "GPU index 9999999999", f"above {MAX_GPU_INDEX}"),  # no int() of 5000 digits
+        ("0" * 30 + "3-1", "swap the bounds", "reversed range"),
     ],
 )
 def test_parse_gpu_list_errors_name_the_flag_and_item(value: str, offending: str | None, problem: str) -> None:

@@ -35,6 +35,9 @@ def revalidated(inv: Inventory) -> Inventory:
         ("10.0.0.1,10.0.0.2", [("10.0.0.1", "10.0.0.1", None, [], None), ("10.0.0.2", "10.0.0.2", None, [], None)]),
         ("gpu-01,gpu-02:2222", [("gpu-01", "gpu-01", None, [], None), ("gpu-02", "gpu-02", 2222, [], None)]),
         ("gpu-01.cluster.local:22", [("gpu-01.cluster.local", "gpu-01.cluster.local", 22, [], None)]),
+        # Slurm node names and ssh_config aliases with underscores name their nodes as they are
+        ("gpu_01,rack0_blade2:2222", [("gpu_01", "gpu_01", None, [], None),
+                                      ("rack0_blade2", "rack0_blade2", 2222, [], None)]),
         # IPv6: the host is kept, the name is derived (':' is not allowed in node names)
         ("[fe80::1]:2222,FE80:0::2", [("fe80--1", "fe80::1", 2222, [], None), ("fe80--2", "fe80::2", None, [], None)]),
         ("::1", [("node--1", "::1", None, [], None)]),
@@ -88,7 +91,7 @@ def test_data_nic_name_or_subnet(data_nic: str, expected: str) -> None:
         (HostSource(ips=""), "--ips", "no hosts given"),
         (HostSource(ips="gpu-01,,gpu-02"), "--ips", "item 2"),
         (HostSource(ips="gpu-01,gpu-02,GPU-01"), "--ips", "items 1 and 3"),
-        (HostSource(ips="gpu_01"), "--ips", "'_' is not allowed"),
+        (HostSource(ips="-gpu01"), "--ips", "host '-gpu01' starts with '-'"),
         (HostSource(ips="gpu-01:99999"), "--ips", "out of range"),
         (HostSource(ips="n1", gpus="3-1"), "--gpus", "reversed range"),
         (HostSource(ips="n1", gpus="0,0"), "--gpus", "given twice"),
@@ -178,6 +181,9 @@ def test_missing_hostfile(tmp_path: Path) -> None:
     [
         ("gpu[01-03]", NO_ENV, ["gpu01", "gpu02", "gpu03"]),
         ("login,rack[1-2]-n[1-2]", NO_ENV, ["login", "rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+        ("gpu[01-02]-ib,node[1-2].cluster.local", NO_ENV,
+         ["gpu01-ib", "gpu02-ib", "node1.cluster.local", "node2.cluster.local"]),
+        ("", {"SLURM_JOB_NODELIST": "gpu_[01-02]"}, ["gpu_01", "gpu_02"]),
         ("gpu[01-02]", {"SLURM_JOB_NODELIST": "other[1-4]"}, ["gpu01", "gpu02"]),  # an explicit list wins
         ("", {"SLURM_JOB_NODELIST": "n[08-10]"}, ["n08", "n09", "n10"]),
         ("", {"SLURM_JOB_NODELIST": "a,b"}, ["a", "b"]),
@@ -197,7 +203,8 @@ def test_slurm_nodes(slurm: str, environ: dict[str, str], names: list[str]) -> N
         ("", {"SLURM_JOB_NODELIST": "n[1-"}, "SLURM_JOB_NODELIST: invalid hostlist"),
         ("gpu[02-01]", NO_ENV, "--slurm: invalid hostlist 'gpu[02-01]': reversed range"),
         ("gpu[01-03],gpu02", NO_ENV, "--slurm: host 'gpu02' is listed twice in 'gpu[01-03],gpu02' (hosts 2 and 4"),
-        ("bad_host", NO_ENV, "--slurm: 'bad_host' is not a valid host name"),
+        ("-n[1-2]", NO_ENV, "--slurm: host '-n1' starts with '-', which ssh would read as an option"),
+        ("n[0-99999999]", NO_ENV, "--slurm: invalid hostlist 'n[0-99999999]': expands to 100000000 hosts"),
     ],
 )
 def test_slurm_errors(slurm: str, environ: dict[str, str], fragment: str) -> None:

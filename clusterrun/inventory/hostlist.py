@@ -1,19 +1,26 @@
 """Slurm hostlist expressions: ``gpu[01-04,07]`` <-> ``gpu01 gpu02 gpu03 gpu04 gpu07``.
 
-:func:`expand_hostlist` follows ``scontrol show hostnames``:
+:func:`expand_hostlist` follows ``scontrol show hostnames`` (Slurm 23.02.5 and later):
 
 * names are separated by commas or whitespace; commas inside ``[...]`` separate
   ranges, not names: ``a,b[1-3],c`` -> ``a b1 b2 b3 c``;
 * a range keeps the zero padding of its lower bound, each range on its own:
   ``n[08-11]`` -> ``n08 .. n11``, ``n[9-11]`` -> ``n9 n10 n11``, ``n[005,4]`` -> ``n005 n4``;
-* several bracket groups expand as a cartesian product, the leftmost group
-  varying slowest: ``rack[1-2]-n[1-2]`` -> ``rack1-n1 rack1-n2 rack2-n1 rack2-n2``;
+* text after the last bracket group is a suffix shared by every name:
+  ``gpu[01-02]-ib`` -> ``gpu01-ib gpu02-ib``, ``node[1-2].cluster.local`` ->
+  ``node1.cluster.local node2.cluster.local``;
+* several bracket groups give every combination, in Slurm's order: the last group varies
+  fastest, then the first, the second and so on, the one before the last slowest. With
+  two groups that is reading order, ``rack[1-2]-n[1-2]`` -> ``rack1-n1 rack1-n2 rack2-n1
+  rack2-n2``; with three it is not, ``a[1-2]b[1-2]c[1-2]`` -> ``a1b1c1 a1b1c2 a2b1c1
+  a2b1c2 a1b2c1 ...`` (Slurm expands the groups before the last one from right to left);
 * order and duplicates are kept as written (``scontrol`` does not sort either).
 
-It is stricter than Slurm where Slurm quietly guesses: an unmatched ``[`` or ``]``,
-a range with a missing bound (Slurm reads ``n[5-]`` as ``n5``) and empty names
-between commas are errors here. Like Slurm, nothing may follow the last ``]``
-(``n[1-2]-ib`` is rejected) and ranges have no stride.
+It is stricter than Slurm where Slurm quietly guesses: an unmatched ``[`` or ``]``
+(Slurm reads ``n[1-2]]`` as ``n1] n2]``), a range with a missing bound (Slurm reads
+``n[5-]`` as ``n5``), a sign or space in a range (Slurm reads ``n[+1]`` as ``n01``) and
+empty names between commas are errors here. Ranges have no stride, as in Slurm.
+Slurm before 23.02.5 refuses a suffix after the last group; clusterrun always reads it.
 """
 
 from __future__ import annotations
@@ -24,14 +31,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from clusterrun.errors import UsageError
+from clusterrun.inventory.hostspec import MAX_HOST_LENGTH
 
-#: Most hosts one expression may expand to; protects against typos like ``n[1-1000000]``.
+#: Most hosts one expression may expand to (Slurm refuses a range of more than 64K too); the
+#: count is checked before any name is made, so a typo like ``n[1-100000000]`` costs no memory.
 MAX_HOSTS = 65536
+#: Most significant digits in one number: Slurm's numbers are 64-bit (``unsigned long``).
+MAX_DIGITS = 18
 
 _RANGE_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _HALF_RANGE_RE = re.compile(r"[0-9]*-[0-9]*")
-_TRAILING_DIGITS_RE = re.compile(r"^(.*?)([0-9]+)$", re.DOTALL)
+# A name's last run of digits with the text before and after it: 'rack1-n', '12', '-ib'.
+_LAST_NUMBER_RE = re.compile(r"(.*?)([0-9]+)([^0-9]*)", re.DOTALL)
 _SEPARATORS = frozenset(", \t\n\r")
+_HUGE = 10**MAX_DIGITS
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,11 @@ class _Range:
     @property
     def count(self) -> int:
         return self.hi - self.lo + 1
+
+    @property
+    def longest(self) -> int:
+        """Characters in the longest number this range makes."""
+        return max(self.width, len(str(self.hi)))
 
     def names(self) -> Iterator[str]:
         return (str(n).zfill(self.width) for n in range(self.lo, self.hi + 1))
@@ -60,73 +78,105 @@ def expand_hostlist(expr: str, flag: str = "--slurm") -> list[str]:
 
     Returns the host names, duplicates included, in the order written.
     Raises :class:`UsageError` naming ``flag``, the expression and the 1-based position
-    of the problem: empty expression or empty name, unbalanced or nested brackets, text
-    after the last ``]``, an empty, non-numeric or reversed range, or an expansion to
-    more than :data:`MAX_HOSTS` hosts.
+    of the problem: empty expression or empty name, unbalanced or nested brackets, an
+    empty, non-numeric or reversed range, a number of more than :data:`MAX_DIGITS` digits,
+    an expansion to more than :data:`MAX_HOSTS` hosts or to names longer than
+    :data:`~clusterrun.inventory.hostspec.MAX_HOST_LENGTH` (both checked before any name
+    is made, so no input can make this use much memory).
     """
     tokens = _split_names(expr, flag)
     parsed = [(start, _parse_name(expr, start, token, flag)) for start, token in tokens]
-    total = 0
+    counts = [_count(parts) for _, parts in parsed]
+    total = sum(counts)
+    if total > MAX_HOSTS:
+        # Point at the name that crosses the limit: usually the one with the typo.
+        crossing = next(i for i, running in enumerate(itertools.accumulate(counts)) if running > MAX_HOSTS)
+        shown = str(total) if total < _HUGE else f"over 10^{MAX_DIGITS}"
+        raise _error(
+            flag, expr, parsed[crossing][0],
+            f"expands to {shown} hosts, more than {MAX_HOSTS} hosts (the limit), from the name",
+            "check the range bounds for a typo",
+        )
     for start, parts in parsed:
-        count = 1
-        for part in parts:
-            if not isinstance(part, str):
-                count *= sum(r.count for r in part)
-        total += count
-        if total > MAX_HOSTS:
-            raise _error(
-                flag, expr, start,
-                f"expands to more than {MAX_HOSTS} hosts",
-                "check the range bounds for a typo",
-            )
+        longest = sum(len(part) if isinstance(part, str) else max(r.longest for r in part) for part in parts)
+        if longest > MAX_HOST_LENGTH:
+            raise _error(flag, expr, start,
+                         f"makes names of {longest} characters, more than the {MAX_HOST_LENGTH} a host name may have",
+                         "check for a missing comma or a padded number")
     hosts: list[str] = []
     for _, parts in parsed:
-        choices = [(part,) if isinstance(part, str) else _group_names(part) for part in parts]
-        hosts.extend("".join(combo) for combo in itertools.product(*choices))
+        hosts.extend(_expand_name(parts))
     return hosts
+
+
+def _count(parts: list[_Part]) -> int:
+    """How many names one parsed token stands for, or :data:`_HUGE` when at least that many."""
+    count = 1
+    for part in parts:
+        if not isinstance(part, str):
+            # Capped as it goes, so a name with thousands of groups stays cheap to count.
+            count = min(count * sum(r.count for r in part), _HUGE)
+    return count
+
+
+def _expand_name(parts: list[_Part]) -> Iterator[str]:
+    """Every name one parsed token stands for, in the order ``scontrol show hostnames`` prints them."""
+    groups = [(i, part) for i, part in enumerate(parts) if not isinstance(part, str)]
+    # Slurm takes the last group as the range and expands the rest of the name as a prefix,
+    # its own last group first and recursing leftwards: so the last group varies fastest,
+    # then the first, second, ..., and the one before the last slowest.
+    order = groups[:-1][::-1] + groups[-1:]
+    texts = [part if isinstance(part, str) else "" for part in parts]
+    for combo in itertools.product(*(_group_names(group) for _, group in order)):
+        for (i, _), text in zip(order, combo, strict=True):
+            texts[i] = text
+        yield "".join(texts)
 
 
 def compress_hostlist(names: list[str]) -> str:
     """Write host names as a compact Slurm hostlist, for display.
 
     Order is kept (like ``scontrol show hostlist``, not ``hostlistsorted``), so
-    ``expand_hostlist(compress_hostlist(names)) == names``. Neighbouring names that share
-    a prefix and end in digits share one bracket group; consecutive numbers become a
-    range: ``['n1', 'n2', 'n3', 'n5', 'login']`` -> ``'n[1-3,5],login'``.
+    ``expand_hostlist(compress_hostlist(names)) == names``. Neighbouring names that differ
+    only in their last number share one bracket group, with the text after that number
+    as a suffix; consecutive numbers become a range:
+    ``['n1', 'n2', 'n3', 'n5', 'login']`` -> ``'n[1-3,5],login'``,
+    ``['gpu01-ib', 'gpu02-ib']`` -> ``'gpu[01-02]-ib'``.
 
     Returns ``''`` for an empty list.
     Raises :class:`ValueError` if a name is empty or holds ``[``, ``]``, ``,`` or
     whitespace, which no hostlist can express.
     """
     out: list[str] = []
-    prefix: str | None = None
-    ranges: list[list[int]] = []  # [lo, hi, width] for the current prefix
+    key: tuple[str, str] | None = None  # (text before, text after) the last number of the current group
+    ranges: list[list[int]] = []  # [lo, hi, width] for the current group
 
     def flush() -> None:
-        if prefix is None:
+        if key is None:
             return
+        head, tail = key
         if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
             lo, _, width = ranges[0]
-            out.append(f"{prefix}{str(lo).zfill(width)}")
+            out.append(f"{head}{str(lo).zfill(width)}{tail}")
             return
         body = ",".join(
             str(lo).zfill(w) if lo == hi else f"{str(lo).zfill(w)}-{str(hi).zfill(w)}" for lo, hi, w in ranges
         )
-        out.append(f"{prefix}[{body}]")
+        out.append(f"{head}[{body}]{tail}")
 
     for name in names:
         if not name or any(ch in "[]" or ch in _SEPARATORS or ch.isspace() for ch in name):
-            raise ValueError(f"cannot write {name!r} in a hostlist: names must be non-empty, without '[', ']', "
+            raise ValueError(f"cannot write {_quoted(name)} in a hostlist: names must be non-empty, without '[', ']', "
                              "',' or whitespace")
-        m = _TRAILING_DIGITS_RE.match(name)
+        m = _LAST_NUMBER_RE.fullmatch(name)
         if m is None:
             flush()
-            prefix, ranges = None, []
+            key, ranges = None, []
             out.append(name)
             continue
-        head, digits = m.group(1), m.group(2)
+        head, digits, tail = m.groups()
         number = int(digits)
-        if head == prefix:
+        if (head, tail) == key:
             last = ranges[-1]
             # Extend the last range only if expanding it would spell this name exactly
             # (n9 -> n10 joins, n08 -> n9 does not: the range would print n09).
@@ -136,7 +186,7 @@ def compress_hostlist(names: list[str]) -> str:
                 ranges.append([number, number, len(digits)])
             continue
         flush()
-        prefix, ranges = head, [[number, number, len(digits)]]
+        key, ranges = (head, tail), [[number, number, len(digits)]]
     flush()
     return ",".join(out)
 
@@ -174,12 +224,12 @@ def _split_names(expr: str, flag: str) -> list[tuple[int, str]]:
     elif comma_pending:
         raise _error(flag, expr, len(expr) - 1, "empty host name after ','", "remove the trailing comma")
     if not tokens:
-        raise UsageError(f"{flag}: empty hostlist {expr!r}; give hosts like gpu[01-04,07] or a,b,c")
+        raise UsageError(f"{flag}: empty hostlist {_quoted(expr)}; give hosts like gpu[01-04,07] or a,b,c")
     return tokens
 
 
 def _parse_name(expr: str, start: int, token: str, flag: str) -> list[_Part]:
-    """Turn ``rack[1-2]-n[01-04]`` into ``['rack', (1-2,), '-n', (01-04,)]``; brackets are balanced."""
+    """Turn ``rack[1-2]-n[01-04]-ib`` into ``['rack', (1-2,), '-n', (01-04,), '-ib']``; brackets are balanced."""
     parts: list[_Part] = []
     pos = 0
     while (open_ := token.find("[", pos)) != -1:
@@ -189,11 +239,7 @@ def _parse_name(expr: str, start: int, token: str, flag: str) -> list[_Part]:
         parts.append(_parse_ranges(expr, start + open_ + 1, token[open_ + 1:close], flag))
         pos = close + 1
     if pos < len(token):
-        if parts:
-            # Slurm refuses text after the last bracket group too; say so rather than guess.
-            raise _error(flag, expr, start + pos, f"text {token[pos:]!r} after the last ']'",
-                         "Slurm allows nothing after the last bracket group; list such names in full")
-        parts.append(token[pos:])
+        parts.append(token[pos:])  # a suffix shared by every name (gpu[01-04]-ib), or a plain name
     return parts
 
 
@@ -207,14 +253,20 @@ def _parse_ranges(expr: str, start: int, body: str, flag: str) -> tuple[_Range, 
         m = _RANGE_RE.fullmatch(item)
         if m is None:
             if _HALF_RANGE_RE.fullmatch(item):
-                raise _error(flag, expr, offset, f"range {item!r} is missing a bound", "write both, like 1-4")
-            raise _error(flag, expr, offset, f"non-numeric range {item!r}",
+                raise _error(flag, expr, offset, f"range {_quoted(item)} is missing a bound", "write both, like 1-4")
+            raise _error(flag, expr, offset, f"non-numeric range {_quoted(item)}",
                          "use decimal numbers like 01-04 (no letters, signs, spaces or strides)")
         lo_text, hi_text = m.group(1), m.group(2)
+        # Checked before int(): Python refuses to convert thousands of digits, and no host
+        # is numbered beyond what Slurm can count.
+        if any(len(text.lstrip("0")) > MAX_DIGITS for text in (lo_text, hi_text or "")):
+            raise _error(flag, expr, offset, f"number in {_quoted(item)} has more than {MAX_DIGITS} digits",
+                         "check the range for a typo")
         lo = int(lo_text)
         hi = lo if hi_text is None else int(hi_text)
         if lo > hi:
-            raise _error(flag, expr, offset, f"reversed range {item!r}", f"write it as {hi_text}-{lo_text}")
+            fix = f"write it as {hi_text}-{lo_text}" if len(item) <= 40 else "swap the bounds"
+            raise _error(flag, expr, offset, f"reversed range {_quoted(item)}", fix)
         ranges.append(_Range(lo, hi, len(lo_text)))
         offset += len(item) + 1
     return tuple(ranges)
@@ -224,5 +276,17 @@ def _group_names(group: tuple[_Range, ...]) -> tuple[str, ...]:
     return tuple(itertools.chain.from_iterable(r.names() for r in group))
 
 
+def _quoted(text: str, limit: int = 60) -> str:
+    """``repr(text)``, cut to its first ``limit`` characters with its length when longer, so
+    that one absurd value still gives a one-line message."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 def _error(flag: str, expr: str, index: int, what: str, fix: str) -> UsageError:
-    return UsageError(f"{flag}: invalid hostlist {expr!r}: {what} at position {index + 1}; {fix}")
+    if len(expr) <= 120:
+        shown = repr(expr)
+    else:  # a long SLURM_JOB_NODELIST: show the part around the problem
+        lo, hi = max(0, index - 40), index + 40
+        head, tail = ("..." if lo else ""), ("..." if hi < len(expr) else "")
+        shown = f"{head}{expr[lo:hi]!r}{tail} ({len(expr)} characters)"
+    return UsageError(f"{flag}: invalid hostlist {shown}: {what} at position {index + 1}; {fix}")
