@@ -24,6 +24,8 @@ from clusterrun.network import DataNetwork, resolve_data_network
 REMOTE_RUNS_DIR = "~/.clusterrun/runs"
 #: Environment variable that marks every process of a run (used to find and stop them).
 RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
+#: How many times clusterrun has restarted the job (0 on its first attempt), as torchrun's TORCHELASTIC_RESTART_COUNT.
+RESTART_COUNT_VAR = "CLUSTERRUN_RESTART_COUNT"
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,9 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     local_runs_dir: str = "runs"
     local_cwd: str = "."
-    max_restarts: int = 0
+    max_restarts: int = 0  # torchrun's own restarts (clusterrun restarts the whole job itself: ``attempt``)
     sync_dir: str | None = None  # copied whole to each node's code/ directory (absolute, local)
+    attempt: int = 0  # clusterrun's restarts so far: each attempt has its own directory on the nodes
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ class LaunchPlan:
     nodes: tuple[NodePlan, ...]
     warnings: tuple[str, ...] = field(default=())
     probed: tuple[str, ...] = field(default=())  # inventory values that came from the nodes themselves
+    spares: tuple[str, ...] = field(default=())  # nodes that wait to take a lost node's place
 
     @property
     def nnodes(self) -> int:
@@ -148,7 +152,7 @@ class LaunchPlan:
         job = JobSpec(script=data.get("script", ""), run_id=data["run_id"], args=tuple(data.get("args") or ()))
         return cls(run_id=data["run_id"], job=job, master_addr=data["master_addr"], master_port=int(data["master_port"]),
                    data_network=data.get("data_network", ""), nodes=nodes, warnings=tuple(data.get("warnings") or ()),
-                   probed=tuple(data.get("probed") or ()))
+                   probed=tuple(data.get("probed") or ()), spares=tuple(data.get("spares") or ()))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,14 +166,17 @@ class LaunchPlan:
             "data_network": self.data_network,
             "warnings": list(self.warnings),
             "probed": list(self.probed),
+            "spares": list(self.spares),
             "facts_pending": list(self.facts_pending),
             "nodes": [n.to_dict(self.master_addr, self.master_port) for n in self.nodes],
         }
 
 
 def _ordered(inv: Inventory) -> list[tuple[int, Node]]:
-    """(inventory index, node) in node_rank order: pinned ranks, else inventory order."""
-    indexed = list(enumerate(inv.nodes))
+    """(inventory index, node) in node_rank order: pinned ranks, else inventory order. Spares take no part."""
+    indexed = [(i, n) for i, n in enumerate(inv.nodes) if not n.spare]
+    if not indexed:
+        raise PlanError("every node of the inventory is a spare (spare: true); at least one must run the job")
     if all(n.node_rank is not None for _, n in indexed):
         return sorted(indexed, key=lambda pair: pair[1].node_rank or 0)
     return indexed
@@ -198,14 +205,15 @@ def _script_in_code(job: JobSpec) -> str:
 
 
 def _paths(inv: Inventory, node: Node, job: JobSpec) -> tuple[str, str, str]:
-    """(run_dir, script, cwd) as the node sees them."""
+    """(run_dir, script, cwd) as the node sees them; a restart's attempt gets a directory of its own."""
     workdir = inv.workdir_of(node)
+    attempt = (f"attempt-{job.attempt}",) if job.attempt else ()
     if inv.transport_of(node) is Transport.local:
-        run_dir = posixpath.join(job.local_runs_dir, job.run_id, node.name, "node")
+        run_dir = posixpath.join(job.local_runs_dir, job.run_id, node.name, "node", *attempt)
         script = job.script if job.module else posixpath.normpath(posixpath.join(job.local_cwd, job.script))
         return run_dir, script, workdir or job.local_cwd
     # The node name is part of the path: home directories are often shared between nodes (NFS).
-    run_dir = posixpath.join(REMOTE_RUNS_DIR, job.run_id, node.name)
+    run_dir = posixpath.join(REMOTE_RUNS_DIR, job.run_id, node.name, *attempt)
     if inv.defaults.shared_fs or job.module:
         script = job.script
     else:
@@ -227,6 +235,7 @@ def _env(inv: Inventory, index: int, node: Node, ctx: RuleContext, job: JobSpec)
     for key, value in job.env:
         merged[key] = EnvVar(key, value, "--env")
     merged[RUN_ID_VAR] = EnvVar(RUN_ID_VAR, job.run_id, "clusterrun")
+    merged[RESTART_COUNT_VAR] = EnvVar(RESTART_COUNT_VAR, str(job.attempt), "clusterrun")
     return tuple(merged.values())
 
 
@@ -281,4 +290,5 @@ def build_plan(inv: Inventory, job: JobSpec, ssh_addresses: Mapping[str, str] | 
     return LaunchPlan(
         run_id=job.run_id, job=job, master_addr=master_addr, master_port=master_port,
         data_network=data.description, nodes=tuple(nodes), warnings=tuple(warnings), probed=probed,
+        spares=tuple(n.name for n in inv.nodes if n.spare),
     )

@@ -140,6 +140,23 @@ class RunDir:
             return {}
         return data if isinstance(data, dict) else {}
 
+    #: What stays at the top of a run directory across attempts; everything else is the latest attempt's.
+    RUN_FILES = ("plan.json", "inventory.json", "status.json", "preflight.json")
+
+    def archive_attempt(self, number: int) -> Path:
+        """Move the finished attempt's files (node directories, stacks, dumps) into ``attempt-<number>/``, so the
+        top always holds the attempt that runs now and the earlier ones are kept beside it."""
+        dest = self.path / f"attempt-{number}"
+        dest.mkdir(mode=0o700, exist_ok=True)
+        for entry in sorted(self.path.iterdir()):
+            if entry.name in self.RUN_FILES or entry.name.startswith(("attempt-", ".")) or entry == dest:
+                continue
+            os.replace(entry, dest / entry.name)
+        for name in ("plan.json",):  # the plan that attempt ran
+            if (self.path / name).is_file():
+                (dest / name).write_bytes((self.path / name).read_bytes())
+        return dest
+
     def tail(self, node: str, rank: int, lines: int = 20) -> list[str]:
         try:
             text = self.rank_log(node, rank).read_text(encoding="utf-8", errors="replace")

@@ -32,6 +32,9 @@ def print_plan(plan: LaunchPlan, file: TextIO | None = None) -> None:
         console.print(f"[yellow]warning:[/] {warning}")
     for line in plan.probed:
         console.print(f"[cyan]from the node:[/] {line}")
+    if plan.spares:
+        console.print(f"[cyan]spares:[/] {', '.join(plan.spares)} (take a lost node's place on a restart: "
+                      "`up --max-restarts N`)")
     if plan.facts_pending:
         console.print(f"[cyan]note:[/] the inventory gives no NICs for {', '.join(plan.facts_pending)}: `up` completes "
                       "this plan with the NICs the nodes report (data NIC, master address, NCCL/Gloo interface); "

@@ -37,6 +37,7 @@ Examples:
   clusterrun up --notify https://hooks.slack.com/services/T0/B0/XX cluster.yaml train.py  # start, failure, end
   clusterrun up --on-path-loss warn cluster.yaml train.py   # a dead data path is reported, the job goes on
   clusterrun up --hang-timeout 600 cluster.yaml train.py    # 10 min without output: every rank's stack
+  clusterrun up --max-restarts 3 --min-nodes 3 cluster.yaml train.py  # go on from a checkpoint, without a lost node
 
 Every rank's output is shown as [node:rank] and written to runs/<run-id>/<node>/rank<R>.log;
 runs/<run-id>/status.json has per-rank exit codes and timings. Exit code: 0 when every rank
@@ -72,13 +73,25 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 @click.option("--on-hang", type=click.Choice(["wait", "stop"]), default=None,
               help="After the stacks of a hang: wait (a reminder every --hang-timeout) or stop the job (default: "
               "wait; inventory run.on_hang).")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=None, metavar="N",
+              help="After a failure, stop what is left, check the nodes again and start the job again, up to N times "
+              "(same run id; CLUSTERRUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT tell the script; default 0; "
+              "inventory run.max_restarts).")
+@click.option("--min-nodes", type=click.IntRange(1, 100000), default=None, metavar="M",
+              help="With restarts: a node that was lost, lost its data path or fails the checks is left out of the "
+              "next attempt (a spare node takes its place when the inventory has one) as long as M nodes remain "
+              "(default: every node is needed; inventory run.min_nodes).")
+@click.option("--restart-backoff", type=click.FloatRange(0, 3600), default=None, metavar="SECONDS",
+              help="Wait before the first restart, doubling for each further one, at most 60 s (default 5; inventory "
+              "run.restart_backoff).")
 @click.option("--notify", "notify", multiple=True, metavar="URL",
               help="POST a small JSON document (with a Slack-style `text`) to URL when the run starts, fails and "
               "ends; repeatable, added to the inventory's run.notify. A slow or dead webhook never delays the run.")
 @with_job
 def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool, raw: bool,
        preflight_mode: str, detach: bool, time_limit: float | None, grace: float, path_watch: bool | None,
-       on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None, notify: tuple[str, ...]) -> int:
+       on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None, max_restarts: int | None,
+       min_nodes: int | None, restart_backoff: float | None, notify: tuple[str, ...]) -> int:
     """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
 
     clusterrun computes each node's rank, the master address on the data network and the
@@ -95,7 +108,7 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
         return 0
     from clusterrun.launch.console import Console
     from clusterrun.launch.supervisor import SupervisorSettings
-    from clusterrun.launch.up import execute
+    from clusterrun.launch.up import RestartSettings, execute
 
     console = Console(ranks=_parse_ranks(ranks), quiet=quiet, raw=raw)
     if detach and time_limit:
@@ -107,8 +120,18 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
         from clusterrun.doctor.gate import full_check
     settings = SupervisorSettings.for_run(inv.run, grace=grace, timeout=time_limit, path_watch=path_watch,
                                           on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang)
+    run = inv.run
+    restarts = RestartSettings(
+        max_restarts=max_restarts if max_restarts is not None else getattr(run, "max_restarts", 0),
+        min_nodes=min_nodes if min_nodes is not None else getattr(run, "min_nodes", None),
+        backoff=restart_backoff if restart_backoff is not None else getattr(run, "restart_backoff", 5.0))
+    if detach and (restarts.max_restarts or restarts.min_nodes):
+        from clusterrun.errors import UsageError
+
+        raise UsageError("--max-restarts and --min-nodes need clusterrun to stay with the job; they cannot be used "
+                         "with --detach")
     outcome, run_dir = execute(inv, plan, runs_dir, console, settings, preflight_mode, detach=detach,
-                               full_check=full_check, notify=[*inv.run.notify, *notify])
+                               full_check=full_check, notify=[*inv.run.notify, *notify], restarts=restarts)
     if outcome is None:
         click.echo(plan.run_id)
         click.echo(f"clusterrun: detached: run {plan.run_id} goes on without clusterrun; follow it with "

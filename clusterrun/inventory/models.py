@@ -178,6 +178,13 @@ class RunSettings(_Model):
     on_hang: Literal["wait", "stop"] = Field(default="wait", description="after the stacks of a hang")
     notify: list[Annotated[str, Field(pattern=r"^https?://")]] = Field(
         default_factory=list, description="webhook URLs told of the start, the first failure and the end")
+    max_restarts: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=0, description="after a failure, start the job again up to this many times")
+    min_nodes: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="with restarts, leave a lost node out as long as this many nodes remain "
+                                  "(default: every node is needed)")
+    restart_backoff: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = Field(
+        default=5.0, description="seconds before the first restart, doubling for each further one (at most 60)")
 
 
 def _gpus_from_count(value: object) -> object:
@@ -204,6 +211,8 @@ class Node(_Model):
     labels: list[str] = Field(default_factory=list)
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     node_rank: Annotated[int, Field(ge=0)] | None = Field(default=None, description="pin this node's rank")
+    spare: bool = Field(default=False, description="takes no part until a node is lost, then takes its place "
+                                                   "(with up --max-restarts)")
 
     _coerce_gpus = field_validator("gpus", mode="before", json_schema_input_type=list[int] | int)(
         lambda cls, v: _gpus_from_count(v))

@@ -1,13 +1,22 @@
-"""What happened to a run: per rank, per node, and the first failure."""
+"""What happened to a run: per rank, per node, the first failure, and each attempt when it was restarted.
+
+A failed attempt is started again (``--max-restarts``) unless a restart cannot help: the user stopped it,
+it ran past its time limit, or it failed the same way twice in a row (the same rank, exit code and last
+lines: a bug in the script, a missing file). :func:`lost_nodes` says which nodes the next attempt should
+not be trusted with.
+"""
 
 from __future__ import annotations
 
 import enum
+import re
 import signal
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterrun.errors import EXIT_INTERRUPTED
+from clusterrun.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT
 from clusterrun.runs import RunState
 
 
@@ -95,6 +104,7 @@ class RunOutcome:
     log_totals: dict[str, dict[str, int | None]] = field(default_factory=dict)  # received per node/rank/stream
     events: list[dict[str, Any]] = field(default_factory=list)  # what the watch saw, in order: time, node, kind, text
     watch_cost: dict[str, dict[str, int]] = field(default_factory=dict)  # per node: the watch's datagrams
+    path_blame: dict[str, Any] | None = None  # the dead data path that stopped it: node, other_end, also
 
     @property
     def logs_complete(self) -> bool:
@@ -131,3 +141,75 @@ class RunOutcome:
                 "logs": {"complete": self.logs_complete, "gaps": self.log_gaps, "unverified": self.logs_unverified,
                          "received": self.log_totals},
                 "nodes": {name: n.to_dict() for name, n in self.nodes.items()}}
+
+
+@dataclass
+class Attempt:
+    """One start of the job, as the summary and status.json list it."""
+
+    number: int
+    nodes: list[str]
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    state: str = "running"
+    exit_code: int | None = None
+    cause: str | None = None  # what ended it, when it failed
+    left_out: dict[str, str] = field(default_factory=dict)  # node -> why it is not in this attempt
+    replaced: dict[str, str] = field(default_factory=dict)  # lost node -> the spare that took its place
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempt": self.number, "nodes": self.nodes, "started": self.started, "ended": self.ended,
+                "state": self.state, "exit_code": self.exit_code, "cause": self.cause,
+                "left_out": self.left_out, "replaced": self.replaced}
+
+    def describe(self) -> str:
+        what = self.state if not self.cause else f"{self.state}: {self.cause}"
+        changes = [f"{lost} replaced by {spare}" for lost, spare in self.replaced.items()]
+        changes += [f"without {node} ({why})" for node, why in self.left_out.items() if node not in self.replaced]
+        return (f"attempt {self.number} on {len(self.nodes)} node(s)" + (f" ({'; '.join(changes)})" if changes else "")
+                + f": {what}")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """How an attempt failed, to tell a failure that repeats from a new one."""
+
+    rank: int | None
+    exit_code: int
+    last_lines: tuple[str, ...]
+
+
+def no_restart(outcome: RunOutcome) -> str | None:
+    """Why this outcome is final whatever the restart budget: None when a restart may help."""
+    if outcome.first_failure is None:
+        return "interrupted" if outcome.interrupted_by is not None else "succeeded"
+    if outcome.interrupted_by is not None:
+        return "stopped by the user"
+    if outcome.first_failure.exit_code == EXIT_TIMEOUT and "time limit" in outcome.first_failure.detail:
+        return "it ran past its time limit"
+    return None
+
+
+_NUMBERS = re.compile(r"\d+")
+
+
+def signature(outcome: RunOutcome, last_lines: Sequence[str]) -> Signature | None:
+    """The failure as it repeats: numbers in the last lines (times, pids, step and attempt counts) and their order
+    (stdout and stderr interleave as they please) do not count."""
+    failure = outcome.first_failure
+    if failure is None:
+        return None
+    return Signature(failure.rank, failure.exit_code,
+                     tuple(sorted(_NUMBERS.sub("#", line.rstrip()) for line in last_lines)))
+
+
+def untrusted_nodes(outcome: RunOutcome) -> dict[str, str]:
+    """Nodes of a failed attempt that should not be trusted with the next one, and why."""
+    lost = {name: "its agent stopped answering (node down or unreachable)" for name, node in outcome.nodes.items()
+            if node.state is RankState.unknown}
+    blame, failure = outcome.path_blame, outcome.first_failure
+    if blame and failure is not None and blame.get("other_end") not in lost:
+        # A dead path to a node that was lost altogether is that node's fault, not the end that saw it die.
+        for name in (blame["node"], *blame.get("also", ())):
+            lost.setdefault(name, failure.detail if name == failure.node else f"its data path died ({failure.detail})")
+    return lost

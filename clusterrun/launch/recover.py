@@ -14,6 +14,7 @@ anything). What was already received is given as byte offsets per rank file, so 
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -190,3 +191,23 @@ def complete_logs(plan: LaunchPlan, transports: Mapping[str, Transport], run_dir
     outcome.log_totals = relay.totals()
     for gap in relay.gaps():
         outcome.notes.append(gap.describe())
+
+
+def sweep_nodes(plan: LaunchPlan, transports: Mapping[str, Transport], grace: float) -> tuple[dict[str, int],
+                                                                                             dict[str, str]]:
+    """Stop whatever of the run is left on every node of ``plan`` (before the next attempt starts).
+
+    Returns ``({node: processes stopped}, {node: why it could not be checked})``."""
+
+    def one(node: NodePlan) -> int:
+        transport = transports[node.name]
+        argv = remote.argv(node.python, "agent", "sweep", plan.run_id, f"{grace:g}", node.name,
+                           inline=not transport.is_local)
+        res = transport.run(argv, timeout=grace + 30)
+        line = next((x for x in reversed(res.stdout.splitlines()) if x.startswith("{")), None)
+        if res.exit_code != 0 or line is None:
+            raise ClusterrunError(f"the sweep failed (exit {res.exit_code}): {res.tail(2) or 'no output'}")
+        return len(json.loads(line).get("pids") or [])
+
+    got = fan_out(plan.nodes, lambda n: n.name, one, label="sweep", deadline=grace + 45)
+    return got.results, got.problems

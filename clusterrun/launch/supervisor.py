@@ -118,8 +118,10 @@ class Supervisor:
         spec = agent_spec(node, self.plan.run_id, grace=self.settings.grace,
                           heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name),
                           script_args=len(self.plan.job.args))
-        if self.hang is not None:
-            spec["stacks"] = {"hook": remote.source("stackhook"), "flight": True}
+        if self.hang is not None or self.plan.job.attempt:
+            # The workers' hook: stacks and the flight recorder for the hang watch; on a restart it also gives
+            # TORCHELASTIC_RESTART_COUNT clusterrun's count (torchrun's own is 0 in every fresh torchrun).
+            spec["stacks"] = {"hook": remote.source("stackhook"), "flight": self.hang is not None}
         if self.stragglers is not None:
             spec["load_every"] = self.settings.load_every
         if self.watch is not None:
@@ -401,6 +403,8 @@ class Supervisor:
             self.console.info(f"{verdict.describe()} (--on-path-loss warn: the job goes on)")
             self.outcome.notes.append(verdict.describe())
             return
+        other = verdict.loss.peer if verdict.loss.node == verdict.node else verdict.loss.node
+        self.outcome.path_blame = {"node": verdict.node, "other_end": other, "also": list(verdict.also)}
         self._fail(Failure(verdict.node, None, 1, None, f"its data path died: {verdict.detail()}"))
 
     def _lose(self, name: str, reason: str) -> None:

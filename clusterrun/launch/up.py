@@ -6,6 +6,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from clusterrun import redact
@@ -14,11 +15,11 @@ from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
 from clusterrun.launch.detach import start_detached
-from clusterrun.launch.outcome import RunOutcome
+from clusterrun.launch.outcome import Attempt, RunOutcome, Signature, no_restart, signature, untrusted_nodes
 from clusterrun.launch.pathcheck import quick_check
-from clusterrun.launch.ready import check_ready, remove_archives
-from clusterrun.launch.recover import complete_logs
-from clusterrun.launch.replan import plan_with_facts
+from clusterrun.launch.ready import NodeReady, check_ready, remove_archives
+from clusterrun.launch.recover import complete_logs, sweep_nodes
+from clusterrun.launch.replan import CannotContinue, backoff, plan_with_facts, recompose
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
 from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, build_plan
@@ -89,19 +90,35 @@ def _notify_end(notifier: Notifier, outcome: RunOutcome, plan: LaunchPlan, run_d
                      + (f"was not delivered ({missed.error})" if missed.error else "was still on its way"))
 
 
+@dataclass(frozen=True)
+class RestartSettings:
+    """``--max-restarts``, ``--min-nodes``, ``--restart-backoff`` (or the inventory's ``run`` section)."""
+
+    max_restarts: int = 0
+    min_nodes: int | None = None  # None: every node is needed
+    backoff: float = 5.0  # seconds before the first restart; doubling, at most a minute
+
+    @property
+    def may_drop(self) -> bool:
+        return self.min_nodes is not None
+
+
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             settings: SupervisorSettings | None = None, preflight_mode: str = "quick",
             detach: bool = False, full_check: FullCheck | None = None,
-            notify: Sequence[str] = ()) -> tuple[RunOutcome | None, RunDir]:
-    """Run ``plan`` to its end. Returns the outcome and the run directory.
+            notify: Sequence[str] = (), restarts: RestartSettings | None = None) -> tuple[RunOutcome | None, RunDir]:
+    """Run ``plan`` to its end. Returns the outcome (of the last attempt) and the run directory.
 
-    Before the start: preflight (every node ready), the plan completed from the nodes' facts, and the
+    Before each attempt: preflight (every node ready), the plan completed from the nodes' facts, and the
     connectivity check of ``preflight_mode`` (quick, full or off). With ``detach`` the job is started and
-    left running on its own: the outcome is None.
+    left running on its own: the outcome is None. With ``restarts`` a failed attempt is started again (see
+    :mod:`clusterrun.launch.outcome` for when not) after what is left of it is gone from every node; nodes
+    that were lost or fail the checks are replaced by spares or left out (:func:`recompose`).
 
-    Raises :class:`StartError` when a node could not be started (then nothing runs anywhere).
+    Raises :class:`StartError` when the first attempt could not be started (then nothing runs anywhere).
     ``status.json`` always ends up describing what happened, written atomically.
     """
+    restarts = restarts or RestartSettings()
     try:
         run_dir, plan = _new_run_dir(runs_dir, inv, plan)
         run_dir.write_json("plan.json", plan.to_dict())
@@ -112,60 +129,206 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     except OSError as exc:  # nothing has started: say where and why, and start nothing
         raise ClusterrunError(f"cannot write the run directory in {runs_dir}: {exc.strerror or exc}; free space "
                               "there or choose another with --runs-dir") from exc
-    transports = open_transports(inv, plan)
+    run = _Run(inv, run_dir, console, settings or SupervisorSettings(), preflight_mode, full_check, restarts,
+               Notifier(notify))
     try:
-        try:
-            if any(n.transport is TransportKind.ssh for n in plan.nodes):
-                console.info(f"checking {plan.nnodes} node(s)...")
-            ready = check_ready(plan, transports)
-            inv, plan = plan_with_facts(inv, plan, ready)
-            run_dir.write_json("plan.json", plan.to_dict())
-            for line in plan.probed:
-                console.info(f"from the node: {line}")
-            for warning in plan.warnings:
-                console.info(f"warning: {warning}")
-            check_paths(inv, plan, transports, run_dir, console, preflight_mode, full_check)
-            copied = sum(len(r.copied) for r in ready.values())
-            if copied:
-                console.info(f"copied {copied} file(s) to the nodes")
-            if detach:
-                launched = start_detached(plan, transports, {name: r.stage for name, r in ready.items()},
-                                          (settings or SupervisorSettings()).grace)
-                run_dir.write_status(RunState.detached, {"started": time.time(),
-                                                         "nodes": {n: {"launched": t} for n, t in launched.items()}})
-                return None, run_dir
-            notifier = Notifier(notify)
-            supervisor = Supervisor(plan, transports, run_dir, console, settings,
-                                    stage={name: r.stage for name, r in ready.items()}, notifier=notifier)
-            run_dir.write_status(RunState.running, {"started": time.time(), "pid": os.getpid()})
-            console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
-                         f"logs in {run_dir.path}/")
-            notifier.send("start", f"clusterrun: run {plan.run_id} started on {plan.nnodes} node(s), "
-                                   f"{plan.world_size} rank(s)", run_id=plan.run_id, state="running",
-                          nodes=[n.name for n in plan.nodes], run_dir=str(run_dir.path))
-            outcome = supervisor.run()
-            complete_logs(plan, transports, run_dir, outcome, supervisor.relay, console,
-                          grace=supervisor.settings.grace, heartbeat_timeout=supervisor.settings.heartbeat_timeout)
-        except StartError as exc:
-            run_dir.write_status(RunState.not_started, {"problems": exc.problems, "ended": time.time()})
-            raise
-        except KeyboardInterrupt:
-            if run_dir.read_json_or_empty("status.json").get("state") == RunState.starting.value:
-                run_dir.write_status(RunState.interrupted, {"ended": time.time(), "detail": "interrupted before "
-                                                            "the job started (Ctrl-C during the checks)"})
-            raise
-        except ClusterrunError as exc:
-            if run_dir.read_json_or_empty("status.json").get("state") == RunState.starting.value:
-                run_dir.write_status(RunState.not_started, {"problems": [str(exc)], "ended": time.time()})
-            raise
-        try:
-            run_dir.write_status(outcome.state, outcome.to_dict())
-        except OSError as exc:
-            console.info(f"cannot write {run_dir.path}/status.json: {exc.strerror or exc}; the summary below is the "
-                         "run's only record")
-        _notify_end(notifier, outcome, plan, run_dir, console)
-        return outcome, run_dir
+        return run.first(plan, detach)
     finally:
         remove_archives()
-        for transport in transports.values():
+        for transport in run.transports.values():
             transport.close()
+
+
+class _Run:
+    """The attempts of one run, from the first start to the last outcome."""
+
+    def __init__(self, inv: Inventory, run_dir: RunDir, console: Console, settings: SupervisorSettings,
+                 preflight_mode: str, full_check: FullCheck | None, restarts: RestartSettings,
+                 notifier: Notifier) -> None:
+        self.inv, self.run_dir, self.console, self.settings = inv, run_dir, console, settings
+        self.preflight_mode, self.full_check, self.restarts, self.notifier = preflight_mode, full_check, restarts, notifier
+        self.transports: dict[str, Transport] = {}
+        self.spares = [n.name for n in inv.nodes if getattr(n, "spare", False)]
+        self.attempts: list[Attempt] = []
+
+    def first(self, plan: LaunchPlan, detach: bool) -> tuple[RunOutcome | None, RunDir]:
+        try:
+            plan, ready, attempt = self._prepare(plan, Attempt(0, [n.name for n in plan.nodes]))
+            if detach:
+                launched = start_detached(plan, self.transports, {name: r.stage for name, r in ready.items()},
+                                          self.settings.grace)
+                self.run_dir.write_status(RunState.detached, {"started": time.time(), "nodes": {
+                    n: {"launched": t} for n, t in launched.items()}})
+                return None, self.run_dir
+            self.notifier.send("start", f"clusterrun: run {plan.run_id} started on {plan.nnodes} node(s), "
+                                        f"{plan.world_size} rank(s)", run_id=plan.run_id, state="running",
+                               nodes=[n.name for n in plan.nodes], run_dir=str(self.run_dir.path))
+            outcome = self._run(plan, ready, attempt)
+        except StartError as exc:
+            self.run_dir.write_status(RunState.not_started, {"problems": exc.problems, "ended": time.time()})
+            raise
+        except KeyboardInterrupt:
+            if self.run_dir.read_json_or_empty("status.json").get("state") == RunState.starting.value:
+                self.run_dir.write_status(RunState.interrupted, {"ended": time.time(), "detail": "interrupted before "
+                                                                 "the job started (Ctrl-C during the checks)"})
+            raise
+        except ClusterrunError as exc:
+            if self.run_dir.read_json_or_empty("status.json").get("state") == RunState.starting.value:
+                self.run_dir.write_status(RunState.not_started, {"problems": [str(exc)], "ended": time.time()})
+            raise
+        outcome, plan = self._restarts(plan, outcome)
+        self._finish(outcome)
+        _notify_end(self.notifier, outcome, plan, self.run_dir, self.console)
+        return outcome, self.run_dir
+
+    # ------------------------------------------------------------ one attempt
+
+    def _prepare(self, plan: LaunchPlan, attempt: Attempt) -> tuple[LaunchPlan, dict[str, NodeReady], Attempt]:
+        """Check the attempt's nodes and complete its plan. A node that fails the checks is replaced by a spare or
+        left out (with ``--min-nodes``) and the others are checked again; otherwise :class:`StartError`."""
+        for _ in range(len(self.inv.nodes) + 1):
+            self._open(plan)
+            if any(n.transport is TransportKind.ssh for n in plan.nodes):
+                self.console.info(f"checking {plan.nnodes} node(s)...")
+            try:
+                ready = check_ready(plan, self.transports)
+            except StartError as exc:
+                failed = {n: why for n, why in exc.problems.items() if n in attempt.nodes}
+                if not failed or len(failed) < len(exc.problems) or not (self.restarts.may_drop or self.spares):
+                    raise
+                plan, attempt = self._without(plan, attempt, failed, exc)
+                continue
+            inv, plan = plan_with_facts(self._inventory(attempt.nodes), plan, ready)
+            self.run_dir.write_json("plan.json", plan.to_dict())
+            for line in plan.probed:
+                self.console.info(f"from the node: {line}")
+            for warning in plan.warnings:
+                self.console.info(f"warning: {warning}")
+            check_paths(inv, plan, self.transports, self.run_dir, self.console, self.preflight_mode,
+                        self.full_check)
+            copied = sum(len(r.copied) for r in ready.values())
+            if copied:
+                self.console.info(f"copied {copied} file(s) to the nodes")
+            return plan, ready, attempt
+        raise StartError({"nodes": "every node failed the checks"}, hint="no node was started")
+
+    def _without(self, plan: LaunchPlan, attempt: Attempt, drop: Mapping[str, str],
+                 cause: StartError) -> tuple[LaunchPlan, Attempt]:
+        try:
+            nodes, replaced, left_out = recompose(attempt.nodes, self.spares, drop, self.restarts.min_nodes)
+        except CannotContinue as exc:
+            raise StartError(cause.problems, hint=f"{exc}; no node was started") from None
+        for lost, why in left_out.items():
+            self.console.info(f"{lost} is left out of attempt {attempt.number} ({why})"
+                              + (f"; spare {replaced[lost]} takes its place" if lost in replaced else ""))
+        attempt = Attempt(attempt.number, nodes, left_out={**attempt.left_out, **left_out},
+                          replaced={**attempt.replaced, **replaced})
+        return build_plan(self._inventory(nodes), plan.job), attempt
+
+    def _run(self, plan: LaunchPlan, ready: Mapping[str, NodeReady], attempt: Attempt) -> RunOutcome:
+        supervisor = Supervisor(plan, self.transports, self.run_dir, self.console, self.settings,
+                                stage={name: r.stage for name, r in ready.items()}, notifier=self.notifier)
+        self.attempts.append(attempt)
+        self.run_dir.write_status(RunState.running, {"started": time.time(), "pid": os.getpid(),
+                                                     **self._attempts_fields()})
+        self.console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
+                          f"logs in {self.run_dir.path}/" + (f" (attempt {attempt.number})" if attempt.number else ""))
+        outcome = supervisor.run()
+        complete_logs(plan, self.transports, self.run_dir, outcome, supervisor.relay, self.console,
+                      grace=self.settings.grace, heartbeat_timeout=self.settings.heartbeat_timeout)
+        attempt.ended, attempt.state, attempt.exit_code = outcome.ended, outcome.state.value, outcome.exit_code
+        attempt.cause = outcome.first_failure.describe() if outcome.first_failure else None
+        return outcome
+
+    # ------------------------------------------------------------ restarts
+
+    def _restarts(self, plan: LaunchPlan, outcome: RunOutcome) -> tuple[RunOutcome, LaunchPlan]:
+        last: Signature | None = None
+        while True:
+            attempt = self.attempts[-1]
+            final = no_restart(outcome)
+            if final is not None or attempt.number >= self.restarts.max_restarts:
+                if final is None and self.restarts.max_restarts:
+                    outcome.notes.append(f"no restart left (--max-restarts {self.restarts.max_restarts})")
+                return outcome, plan
+            failure = outcome.first_failure
+            assert failure is not None
+            sig = signature(outcome, self.run_dir.tail(failure.node, failure.rank, 5) if failure.rank is not None
+                            else [failure.detail])
+            if sig is not None and sig == last:
+                outcome.notes.append(f"not restarted: attempts {attempt.number - 1} and {attempt.number} failed the "
+                                     f"same way ({failure.describe()}, the same last lines); a restart cannot fix "
+                                     "that: fix the script or its data, then start again")
+                self.console.info(outcome.notes[-1])
+                return outcome, plan
+            last = sig
+            try:
+                plan, outcome = self._again(plan, outcome, attempt)
+            except (StartError, CannotContinue) as exc:
+                why = f"{exc}" if isinstance(exc, CannotContinue) else "; ".join(
+                    f"{n}: {w}" for n, w in exc.problems.items())
+                outcome.notes.append(f"could not start attempt {attempt.number + 1}: {why}")
+                self.console.info(outcome.notes[-1])
+                return outcome, plan
+            except KeyboardInterrupt:
+                outcome.interrupted_by = outcome.interrupted_by or 2
+                outcome.notes.append(f"interrupted before attempt {attempt.number + 1} started")
+                return outcome, plan
+
+    def _again(self, plan: LaunchPlan, outcome: RunOutcome, attempt: Attempt) -> tuple[LaunchPlan, RunOutcome]:
+        number = attempt.number + 1
+        lost = untrusted_nodes(outcome)
+        swept, unchecked = sweep_nodes(plan, self.transports, self.settings.grace)
+        for node, count in swept.items():
+            if count:
+                self.console.info(f"{node}: stopped {count} leftover process(es) of attempt {attempt.number}")
+        for node, why in unchecked.items():
+            lost.setdefault(node, f"could not be checked for leftovers ({why})")
+        nodes, replaced, left_out = (recompose(attempt.nodes, self.spares, lost, self.restarts.min_nodes) if lost
+                                     else (list(attempt.nodes), {}, {}))
+        wait = backoff(number, self.restarts.backoff)
+        self.console.info(f"attempt {attempt.number} failed ({attempt.cause}); restarting in {wait:g}s "
+                          f"(restart {number} of {self.restarts.max_restarts})"
+                          + "".join(f"; {n} left out ({why})" + (f", spare {replaced[n]} takes its place"
+                                                                  if n in replaced else "")
+                                    for n, why in left_out.items()))
+        self.notifier.send("restart", f"clusterrun: run {plan.run_id} attempt {attempt.number} failed "
+                                      f"({attempt.cause}); restarting", run_id=plan.run_id, attempt=number)
+        self.run_dir.archive_attempt(attempt.number)
+        time.sleep(wait)
+        job = dataclasses.replace(plan.job, attempt=number)
+        plan = build_plan(self._inventory(nodes), job)
+        plan, ready, next_attempt = self._prepare(plan, Attempt(number, nodes, left_out=left_out,
+                                                                replaced=replaced))
+        return plan, self._run(plan, ready, next_attempt)
+
+    # ------------------------------------------------------------ helpers
+
+    def _inventory(self, names: Sequence[str]) -> Inventory:
+        """The inventory with the given nodes, in this order (spares become ordinary nodes)."""
+        by_name = {n.name: n for n in self.inv.nodes}
+        nodes = [by_name[name] for name in names]
+        if any(getattr(n, "spare", False) for n in nodes):
+            nodes = [n.model_copy(update={"spare": False}) for n in nodes]
+        return self.inv.model_copy(update={"nodes": nodes})
+
+    def _open(self, plan: LaunchPlan) -> None:
+        missing = [n for n in plan.nodes if n.name not in self.transports]
+        if missing:
+            self.transports.update(open_transports(self.inv, plan))
+
+    def _attempts_fields(self) -> dict[str, object]:
+        if len(self.attempts) < 2 and not self.restarts.max_restarts:
+            return {}
+        return {"restart_count": self.attempts[-1].number, "attempts": [a.to_dict() for a in self.attempts]}
+
+    def _finish(self, outcome: RunOutcome) -> None:
+        fields = {**outcome.to_dict(), **self._attempts_fields()}
+        if len(self.attempts) > 1:
+            outcome.notes[:0] = [a.describe() for a in self.attempts]
+            fields["notes"] = outcome.notes
+        try:
+            self.run_dir.write_status(outcome.state, fields)
+        except OSError as exc:
+            self.console.info(f"cannot write {self.run_dir.path}/status.json: {exc.strerror or exc}; the summary "
+                              "below is the run's only record")

@@ -8,7 +8,8 @@ the agent sends that signal only to processes that will not die of it. With ``CL
 directory) it also serves torch's flight recorder: a thread waits on the FIFO ``<dir>/ask-<pid>`` and, each time
 the agent writes to it, writes torch's JSON dump of this process's recent collectives to
 ``<dir>/flight-<pid>.json`` (a thread, because the main thread of a hung rank is blocked inside torch and
-would run no Python signal handler). Then it runs the site's own ``sitecustomize``, if there is one further
+would run no Python signal handler). On a restarted job it adds clusterrun's restart count to
+``TORCHELASTIC_RESTART_COUNT``. Then it runs the site's own ``sitecustomize``, if there is one further
 along the path, so nothing the environment sets up is lost.
 """
 
@@ -86,6 +87,16 @@ def _install_flight():
         pass  # no flight recorder dumps from this process then
 
 
+def _restart_count():
+    """A restarted job (clusterrun's attempt N) tells its workers so as torchrun would: TORCHELASTIC_RESTART_COUNT
+    counts clusterrun's restarts too, for scripts that resume from a checkpoint when it is above 0."""
+    ours = os.environ.get("CLUSTERRUN_RESTART_COUNT", "0")
+    if os.environ.get("LOCAL_RANK") is None or not ours.isdigit() or ours == "0":
+        return
+    theirs = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(int(ours) + (int(theirs) if theirs.isdigit() else 0))
+
+
 def _chain():
     """Import the sitecustomize that this one hides, if any."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -107,4 +118,5 @@ def _chain():
 
 _install()
 _install_flight()
+_restart_count()
 _chain()
