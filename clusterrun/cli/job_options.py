@@ -52,7 +52,8 @@ def split_targets(targets: tuple[str, ...], sources: dict[str, Any]) -> tuple[Pa
     from clusterrun.errors import UsageError
 
     targets = tuple(targets)
-    if sources.get("slurm") and (sources["slurm"].endswith(".py") or Path(sources["slurm"]).is_file()):
+    # os.path.isfile, unlike Path.is_file, is False for any value no file can have (too long, a NUL).
+    if sources.get("slurm") and (sources["slurm"].endswith(".py") or os.path.isfile(sources["slurm"])):
         # `--slurm train.py`: the bare flag took the script as its value.
         targets, sources["slurm"] = (sources["slurm"], *targets), ""
     if uses_source(sources):
@@ -89,12 +90,12 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
 
     inv = load_nodes(inventory, nproc_per_node=nproc_per_node, **(sources or {}))
     # --env wins over what --env-forward brings along (both may name the same variable).
-    env_vars = {**parse_env_assignments(forwarded_env(env_forward), "--env-forward"),
-                **parse_env_assignments(list(env), "--env")}
+    env_vars = {**_env_values(parse_env_assignments(forwarded_env(env_forward), "--env-forward"), "--env-forward"),
+                **_env_values(parse_env_assignments(list(env), "--env"), "--env")}
     needs_local_file = not module and (
         any(inv.transport_of(n) is Transport.local for n in inv.nodes) or not inv.defaults.shared_fs
     )
-    if needs_local_file and not Path(script).is_file():
+    if needs_local_file and not os.path.isfile(script):
         hint = " (use -m for a module name)" if "/" not in script and not script.endswith(".py") else ""
         raise UsageError(f"SCRIPT: {script}: no such file{hint}")
     if master_port is None and _local_only(inv) and "master_port" not in inv.network.model_fields_set:
@@ -108,6 +109,18 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
         sync_dir=str(sync_dir.resolve()) if sync_dir else None,
     )
     return inv, build_plan(inv, job)
+
+
+def _env_values(env: dict[str, str], flag: str) -> dict[str, str]:
+    """``env`` as given, or UsageError naming ``flag`` for a value the inventory would refuse (a control character)."""
+    from clusterrun.errors import UsageError
+    from clusterrun.inventory.types import control_character_problem
+
+    for name, value in env.items():
+        problem = control_character_problem(value, line_breaks=True)
+        if problem:
+            raise UsageError(f"{flag} {name}: the value {problem}")
+    return env
 
 
 def _local_only(inv: Any) -> bool:

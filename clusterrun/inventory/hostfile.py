@@ -10,7 +10,7 @@
 Like DeepSpeed's launcher, a host listed twice or a line that cannot be read is an
 error rather than skipped, and a file with no hosts is an error. Unlike DeepSpeed,
 ``slots=`` may be left out (OpenMPI allows it); ``slots`` and OpenMPI's ``max_slots``
-(also spelled ``max-slots``) must be whole numbers of at least 1, and any other
+(also spelled ``max-slots``) must be whole numbers from 1 to :data:`MAX_SLOTS`, and any other
 ``key=value`` is an error so that a typo is not silently ignored.
 """
 
@@ -21,10 +21,13 @@ from dataclasses import dataclass
 
 from clusterrun.errors import InventoryError
 from clusterrun.inventory.hostspec import normalize_host
+from clusterrun.inventory.types import brief_repr
 
 _COUNT_RE = re.compile(r"[0-9]+")
 _SPACED_EQUALS_RE = re.compile(r"\s=|=\s")
 _KEYS = {"slots": "slots", "max_slots": "max_slots", "max-slots": "max_slots"}
+#: Most slots a host may have: the most processes clusterrun runs on one node (``nproc_per_node``).
+MAX_SLOTS = 1024
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> list[HostfileEntry]:
     Returns one entry per host line, in file order.
     Raises :class:`InventoryError` listing every problem as ``path:line: message``:
     a line without a host (``slots=4`` alone), an invalid host name, a setting that is not
-    ``slots=N``/``max_slots=N`` with N >= 1, ``max_slots`` below ``slots``, a host listed
+    ``slots=N``/``max_slots=N`` with N from 1 to :data:`MAX_SLOTS`, ``max_slots`` below ``slots``, a host listed
     twice (naming both lines; host names compared case-insensitively), or no hosts at all.
     """
     entries: list[HostfileEntry] = []
@@ -64,7 +67,7 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> list[HostfileEntry]:
         key = host.lower()
         if key in first_seen:
             problems.append(
-                f"{path}:{lineno}: host {host!r} is listed again (first at {path}:{first_seen[key]}); "
+                f"{path}:{lineno}: host {brief_repr(host)} is listed again (first at {path}:{first_seen[key]}); "
                 "list each host once, with all its slots"
             )
             continue
@@ -86,8 +89,8 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> list[HostfileEntry]:
 def _parse_host(fields: list[str]) -> str:
     """Return the line's host (first field), normalised; raises ValueError with one sentence."""
     if "=" in fields[0]:
-        raise ValueError(f"{' '.join(fields)!r} has no host name; start the line with the host, "
-                         f"like 'worker-1 {fields[0]}'")
+        raise ValueError(f"{brief_repr(' '.join(fields))} has no host name; start the line with the host, "
+                         f"like {brief_repr('worker-1 ' + fields[0])}")
     return normalize_host(fields[0])
 
 
@@ -95,22 +98,26 @@ def _parse_settings(fields: list[str]) -> tuple[int | None, int | None]:
     """Return ``(slots, max_slots)`` from the fields after the host; raises ValueError with one sentence."""
     settings = fields[1:]
     if _SPACED_EQUALS_RE.search(" ".join(settings)):
-        raise ValueError(f"{' '.join(settings)!r}: write settings without spaces around '=', like slots=4")
+        raise ValueError(f"{brief_repr(' '.join(settings))}: write settings without spaces around '=', like slots=4")
     values: dict[str, int] = {}
     for token in settings:
         raw_key, sep, value = token.partition("=")
         if not sep:
-            raise ValueError(f"unexpected {token!r} after host {fields[0]!r}; put one host per line and "
+            raise ValueError(f"unexpected {brief_repr(token)} after host {brief_repr(fields[0])}; put one host per line and "
                              "settings as key=value, like 'worker-1 slots=4'")
         key = _KEYS.get(raw_key)
         if key is None:
-            raise ValueError(f"unknown setting {token!r}; a host line takes slots=N and optionally max_slots=N")
+            raise ValueError(f"unknown setting {brief_repr(token)}; a host line takes slots=N and optionally max_slots=N")
         if key in values:
-            raise ValueError(f"{raw_key} is given twice in {' '.join(fields)!r}")
-        if not _COUNT_RE.fullmatch(value) or int(value) < 1:
-            raise ValueError(f"{token!r}: {raw_key} must be a whole number of at least 1, like {raw_key}=4")
-        values[key] = int(value)
+            raise ValueError(f"{raw_key} is given twice in {brief_repr(' '.join(fields))}")
+        digits = value.lstrip("0")
+        if not _COUNT_RE.fullmatch(value) or not digits:
+            raise ValueError(f"{brief_repr(token)}: {raw_key} must be a whole number of at least 1, like {raw_key}=4")
+        if len(digits) > len(str(MAX_SLOTS)) or int(digits) > MAX_SLOTS:  # the length first: int() refuses 5000 digits
+            raise ValueError(f"{brief_repr(token)}: {raw_key} is more than {MAX_SLOTS}, more processes than a node "
+                             f"runs; write the node's GPU count, like {raw_key}=8")
+        values[key] = int(digits)
     slots, max_slots = values.get("slots"), values.get("max_slots")
     if slots is not None and max_slots is not None and max_slots < slots:
-        raise ValueError(f"max_slots={max_slots} is less than slots={slots} for host {fields[0]!r}")
+        raise ValueError(f"max_slots={max_slots} is less than slots={slots} for host {brief_repr(fields[0])}")
     return slots, max_slots

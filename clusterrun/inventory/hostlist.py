@@ -262,8 +262,8 @@ def _parse_ranges(expr: str, start: int, body: str, flag: str) -> tuple[_Range, 
         if any(len(text.lstrip("0")) > MAX_DIGITS for text in (lo_text, hi_text or "")):
             raise _error(flag, expr, offset, f"number in {_quoted(item)} has more than {MAX_DIGITS} digits",
                          "check the range for a typo")
-        lo = int(lo_text)
-        hi = lo if hi_text is None else int(hi_text)
+        lo = int(lo_text.lstrip("0") or "0")  # leading zeros are padding: Python refuses 4300+ digits
+        hi = lo if hi_text is None else int(hi_text.lstrip("0") or "0")
         if lo > hi:
             fix = f"write it as {hi_text}-{lo_text}" if len(item) <= 40 else "swap the bounds"
             raise _error(flag, expr, offset, f"reversed range {_quoted(item)}", fix)

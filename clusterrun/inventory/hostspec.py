@@ -198,7 +198,7 @@ def parse_gpu_list(value: str, flag: str = "--gpus") -> tuple[int, ...]:
             too_big = next(t for t in (hi_text, lo_text) if _capped_int(t, MAX_GPU_INDEX) > MAX_GPU_INDEX)
             raise UsageError(f"{flag}: {_quoted(item)}: GPU index {_clipped(too_big.lstrip('0'))} is above "
                              f"{MAX_GPU_INDEX}")
-        lo, hi = int(lo_text), int(hi_text)
+        lo, hi = int(lo_text.lstrip("0") or "0"), int(hi_text.lstrip("0") or "0")  # no 4300-digit limit
         if lo > hi:
             fix = f"write it as {hi_text}-{lo_text}" if len(item) <= 20 else "swap the bounds"
             raise UsageError(f"{flag}: {_quoted(item)} is a reversed range; {fix}")

@@ -15,10 +15,12 @@ import sys
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from clusterrun.inventory.types import (
+    MAX_NODES,
+    MAX_TIMEOUT,
     EnvName,
     EnvValue,
     GpuIndex,
@@ -27,6 +29,10 @@ from clusterrun.inventory.types import (
     NodeName,
     Port,
     Rate,
+    Text,
+    _check_text,
+    brief_repr,
+    control_character_problem,
 )
 
 Path = tuple[str | int, ...]
@@ -62,14 +68,14 @@ class Transport(str, enum.Enum):
 class SshSettings(_Model):
     """How to reach a node over SSH. Unset fields fall back to ``~/.ssh/config``, then OpenSSH defaults."""
 
-    user: str | None = None
+    user: Text | None = None
     port: Port | None = None
-    identity_file: str | None = Field(default=None, description="private key path; '~' is expanded")
-    jump_host: str | None = Field(default=None, description="ProxyJump: [user@]host[:port] or an ssh_config alias")
-    config_file: str | None = Field(default=None, description="ssh_config to read instead of ~/.ssh/config")
-    known_hosts: str | None = Field(default=None, description="known_hosts file (default ~/.ssh/known_hosts)")
+    identity_file: Text | None = Field(default=None, description="private key path; '~' is expanded")
+    jump_host: Text | None = Field(default=None, description="ProxyJump: [user@]host[:port] or an ssh_config alias")
+    config_file: Text | None = Field(default=None, description="ssh_config to read instead of ~/.ssh/config")
+    known_hosts: Text | None = Field(default=None, description="known_hosts file (default ~/.ssh/known_hosts)")
     host_key_policy: HostKeyPolicy | None = None
-    connect_timeout: Annotated[float, Field(gt=0, le=600)] | None = None
+    connect_timeout: Annotated[float, Field(gt=0, le=600, allow_inf_nan=False)] | None = None
 
     @field_validator("host_key_policy", mode="before")
     @classmethod
@@ -90,7 +96,7 @@ class Nic(_Model):
     name: IfName
     ip: IpOrCidr | None = Field(default=None, description="address, optionally with prefix: 10.0.0.1/24")
     kind: NicKind = NicKind.ethernet
-    hca: str | None = Field(default=None, description="RDMA device for infiniband/roce NICs, e.g. mlx5_0")
+    hca: Text | None = Field(default=None, description="RDMA device for infiniband/roce NICs, e.g. mlx5_0")
     port: Annotated[int, Field(ge=1, le=16)] = Field(default=1, description="RDMA port of the HCA")
     gid_index: Annotated[int, Field(ge=0, le=255)] | None = Field(
         default=None, description="RoCE GID index (NCCL_IB_GID_INDEX); set only when you know it"
@@ -128,12 +134,12 @@ class Defaults(_Model):
 
     ssh: SshSettings = SshSettings()
     transport: Transport = Transport.ssh
-    python: str | None = Field(
+    python: Text | None = Field(
         default=None,
         description="interpreter on the nodes; torchrun runs as `<python> -m torch.distributed.run` "
         "(default: python3 over ssh, clusterrun's own interpreter for local nodes)",
     )
-    workdir: str | None = Field(default=None, description="directory the job runs in on each node (default: the run directory)")
+    workdir: Text | None = Field(default=None, description="directory the job runs in on each node (default: the run directory)")
     shared_fs: bool = Field(default=False, description="true when workdir is on a filesystem every node shares (no copying)")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     nproc_per_node: Annotated[int, Field(ge=1, le=1024)] | None = None
@@ -151,6 +157,9 @@ class Network(_Model):
     @field_validator("data")
     @classmethod
     def _data_choice(cls, value: str) -> str:
+        problem = control_character_problem(value)
+        if problem:
+            raise ValueError(f"the text {problem}")
         value = value.strip()
         if value == "auto":
             return value
@@ -173,14 +182,14 @@ class RunSettings(_Model):
 
     path_watch: bool = Field(default=True, description="the nodes check the job's data paths with UDP probes")
     on_path_loss: Literal["stop", "warn"] = Field(default="stop", description="what a dead data path does")
-    hang_timeout: Annotated[float, Field(ge=1)] | None = Field(
+    hang_timeout: Annotated[float, Field(ge=1, le=MAX_TIMEOUT, allow_inf_nan=False)] | None = Field(
         default=None, description="seconds without output from any rank before every rank's stack is taken")
     on_hang: Literal["wait", "stop"] = Field(default="wait", description="after the stacks of a hang")
-    notify: list[Annotated[str, Field(pattern=r"^https?://")]] = Field(
+    notify: list[Annotated[str, Field(pattern=r"^https?://"), AfterValidator(_check_text)]] = Field(
         default_factory=list, description="webhook URLs told of the start, the first failure and the end")
     max_restarts: Annotated[int, Field(ge=0, le=100)] = Field(
         default=0, description="after a failure, start the job again up to this many times")
-    min_nodes: Annotated[int, Field(ge=1)] | None = Field(
+    min_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] | None = Field(
         default=None, description="with restarts, leave a lost node out as long as this many nodes remain "
                                   "(default: every node is needed)")
     restart_backoff: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = Field(
@@ -191,7 +200,7 @@ def _gpus_from_count(value: object) -> object:
     # `gpus: 8` means indices 0..7; a list is taken as given.
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0 or value > 1024:
-            raise ValueError(f"expected a GPU count between 0 and 1024 or a list of indices, got {value}")
+            raise ValueError(f"expected a GPU count between 0 and 1024 or a list of indices, got {brief_repr(value)}")
         return list(range(value))
     return value
 
@@ -203,14 +212,16 @@ class Node(_Model):
     host: str = Field(description="how SSH reaches the node: address, name or ~/.ssh/config alias")
     transport: Transport | None = None
     ssh: SshSettings = SshSettings()
-    python: str | None = None
-    workdir: str | None = None
-    gpus: list[GpuIndex] = Field(default_factory=list, description="GPU indices, or a count (8 = 0..7)")
+    python: Text | None = None
+    workdir: Text | None = None
+    gpus: list[GpuIndex] = Field(default_factory=list, max_length=1024,
+                                 description="GPU indices, or a count (8 = 0..7)")
     nproc_per_node: Annotated[int, Field(ge=1, le=1024)] | None = None
     nics: list[Nic] = Field(default_factory=list)
-    labels: list[str] = Field(default_factory=list)
+    labels: list[Text] = Field(default_factory=list)
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
-    node_rank: Annotated[int, Field(ge=0)] | None = Field(default=None, description="pin this node's rank")
+    node_rank: Annotated[int, Field(ge=0, le=MAX_NODES - 1)] | None = Field(
+        default=None, description="pin this node's rank")
     spare: bool = Field(default=False, description="takes no part until a node is lost, then takes its place "
                                                    "(with up --max-restarts)")
 
@@ -220,8 +231,11 @@ class Node(_Model):
     @field_validator("host")
     @classmethod
     def _host_not_blank(cls, value: str) -> str:
+        problem = control_character_problem(value)
+        if problem:
+            raise ValueError(f"the host {problem}")
         if not value.strip() or any(c.isspace() for c in value.strip()):
-            raise ValueError(f"expected a host name or address without spaces, got {value!r}")
+            raise ValueError(f"expected a host name or address without spaces, got {brief_repr(value)}")
         return value.strip()
 
     def nic_named(self, name: str) -> Nic | None:
@@ -243,7 +257,7 @@ class Inventory(_Model):
     defaults: Defaults = Defaults()
     network: Network = Network()
     run: RunSettings = RunSettings()
-    nodes: list[Node]
+    nodes: list[Node] = Field(max_length=MAX_NODES)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Inventory:
@@ -283,7 +297,12 @@ class Inventory(_Model):
 def _fmt_path(path: Path) -> str:
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not str(part).isprintable() or len(str(part)) > 60:
+            out += f"[{brief_repr(part)}]"  # a key with control characters must not break the message's line
+        else:
+            out += f".{part}" if out else str(part)
     return out or "inventory"
 
 

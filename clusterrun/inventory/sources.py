@@ -18,11 +18,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from clusterrun.errors import InventoryError, UsageError
+from clusterrun.errors import UsageError
 from clusterrun.inventory.hostfile import parse_hostfile
 from clusterrun.inventory.hostlist import compress_hostlist, expand_hostlist
 from clusterrun.inventory.hostspec import normalize_host, parse_gpu_list, parse_ips
 from clusterrun.inventory.models import Inventory, format_path
+from clusterrun.inventory.textfile import read_text_file
+from clusterrun.inventory.types import brief_repr
 from clusterrun.inventory.yaml_source import load_inventory
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -108,12 +110,12 @@ def select_nodes(inv: Inventory, pattern: str, flag: str = "--nodes") -> Invento
     for raw in _TERM_SPLIT_RE.split(pattern):
         term = raw.strip()
         if not term:
-            raise UsageError(f"{flag}: empty term in {pattern!r}; separate names, globs or label=VALUE with single "
+            raise UsageError(f"{flag}: empty term in {brief_repr(pattern)}; separate names, globs or label=VALUE with single "
                              f"commas, like {flag} 'gpu*,label=rack1'")
         key, sep, value = term.partition("=")
         if sep:
             if key.strip() != "label" or not value.strip():
-                raise UsageError(f"{flag}: {term!r} is not a selector; to select by label write label=VALUE, "
+                raise UsageError(f"{flag}: {brief_repr(term)} is not a selector; to select by label write label=VALUE, "
                                  "like label=rack1")
             hits = {n.name for n in inv.nodes if value.strip() in n.labels}
         elif "[" in term and not any(c in term for c in "*?"):
@@ -121,12 +123,13 @@ def select_nodes(inv: Inventory, pattern: str, flag: str = "--nodes") -> Invento
             unknown = [w for w in wanted if w not in names]
             if unknown:
                 verb = "is" if len(unknown) == 1 else "are"
-                raise _no_match(inv, flag, f"{', '.join(unknown)} (from {term!r}) {verb} not in the nodes")
+                shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+                raise _no_match(inv, flag, f"{shown} (from {brief_repr(term)}) {verb} not in the nodes")
             hits = set(wanted)
         else:
             hits = {name for name in names if fnmatchcase(name, term)}
         if not hits:
-            raise _no_match(inv, flag, f"{term!r} selects no node")
+            raise _no_match(inv, flag, f"{brief_repr(term)} selects no node")
         chosen |= hits
     if len(chosen) == len(names):
         return inv
@@ -180,7 +183,7 @@ def _slurm_hosts(nodelist: str, flag: str) -> list[str]:
         except ValueError as exc:
             raise UsageError(f"{flag}: {exc}") from None
         if host.lower() in first:
-            raise UsageError(f"{flag}: host {host!r} is listed twice in {nodelist!r} (hosts {first[host.lower()]} "
+            raise UsageError(f"{flag}: host {brief_repr(host)} is listed twice in {brief_repr(nodelist)} (hosts {first[host.lower()]} "
                              f"and {index} of the expansion); list each host once")
         first[host.lower()] = index
         hosts.append(host)
@@ -249,34 +252,34 @@ def _problems(exc: ValidationError, data: dict[str, Any], source_flag: str) -> l
         else:
             msg = str(error["msg"]).removeprefix("Value error, ")
             msg = msg[:1].lower() + msg[1:]
-            if not isinstance(error.get("input"), (dict, list)) and repr(error.get("input")) not in msg:
-                msg += f", got {error.get('input')!r}"
+            if not isinstance(error.get("input"), (dict, list)) and brief_repr(error.get("input")) not in msg:
+                msg += f", got {brief_repr(error.get('input'))}"
             located = [(tuple(p for p in error["loc"] if not str(p).startswith("function-")), msg)]
         for loc, msg in located:
             path = tuple(str(p) for p in loc if not isinstance(p, int))
             flag = next((f for prefix, f in _FLAG_OF_PATH.items() if path[:len(prefix)] == prefix), source_flag)
-            where = f"node {data['nodes'][loc[1]]['host']!r}: " if loc[:1] == ("nodes",) and len(loc) > 1 else ""
+            where = f"node {brief_repr(data['nodes'][loc[1]]['host'])}: " if loc[:1] == ("nodes",) and len(loc) > 1 else ""
             out.append(f"{flag}: {where}{format_path(loc)}: {msg}")
     return out
 
 
 def _read(path: Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InventoryError(f"{path}: no such hostfile; write one host per line, like 'worker-1 slots=4'") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError(f"{path}: cannot read the hostfile: {exc}") from None
+    return read_text_file(path, "hostfile", "no such hostfile; write one host per line, like 'worker-1 slots=4'")
 
 
 def _word(value: str, flag: str, what: str, *, spaces: bool) -> str:
     if not value.strip() or (not spaces and any(c.isspace() for c in value.strip())):
-        raise UsageError(f"{flag}: expected {what}, got {value!r}")
+        raise UsageError(f"{flag}: expected {what}, got {brief_repr(value)}")
     return value.strip()
 
 
 def _no_match(inv: Inventory, flag: str, what: str) -> UsageError:
     labels = sorted({label for n in inv.nodes for label in n.labels})
-    have = f"nodes: {compress_hostlist([n.name for n in inv.nodes])}"
-    have += f"; labels: {', '.join(labels)} (select with label=VALUE)" if labels else ""
+    have = f"nodes: {_cut(compress_hostlist([n.name for n in inv.nodes]))}"
+    have += f"; labels: {_cut(', '.join(labels))} (select with label=VALUE)" if labels else ""
     return UsageError(f"{flag}: {what}; {have}")
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    """``text``, cut to ``limit`` characters for a one-line message."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
