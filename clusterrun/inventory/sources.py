@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -200,8 +201,10 @@ def _one_liner(src: HostSource, flag: str, hosts: list[tuple[str, int | None, in
         ssh["config_file"] = str(src.ssh_config)
     if ssh:
         defaults["ssh"] = ssh
-    if src.python is not None:
-        defaults["python"] = _word(src.python, "--python", "the interpreter's path on the nodes", spaces=True)
+    # Without --python the nodes run this interpreter's path, as DeepSpeed does: right on shared or identically
+    # built machines (where `python3` on the PATH usually lacks torch); preflight says so where it is missing.
+    defaults["python"] = (_word(src.python, "--python", "the interpreter's path on the nodes", spaces=True)
+                          if src.python is not None else sys.executable)
     if src.nproc_per_node is not None:
         defaults["nproc_per_node"] = src.nproc_per_node
     nodes: list[dict[str, Any]] = []

@@ -118,8 +118,9 @@ def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: 
     marker = next((line for line in result.stdout.splitlines() if line.startswith("CLUSTERRUN-PREFLIGHT ")), None)
     if marker is None:
         if result.exit_code == 127:
-            raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; set `python` in the "
-                                            "inventory to an interpreter that exists there (an absolute path is safest)")
+            raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; give an interpreter that "
+                                            "exists there with --python PATH or `python` in the inventory (an "
+                                            "absolute path is safest)")
         raise NodeNotReady(node.name, f"the node check failed (exit {result.exit_code}): "
                                       f"{result.tail(3) or 'no output'}")
     report = json.loads(marker.split(" ", 1)[1])
