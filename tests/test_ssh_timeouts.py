@@ -19,7 +19,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from clusterrun.errors import CommandTimeout, ConnectError, TransportError
+from clusterrun.errors import CommandTimeout, ConnectError, TransportError, UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
 from clusterrun.transport.ssh import SshTransport
 
@@ -173,3 +173,16 @@ def test_a_silent_proxycommand_times_out_and_is_ended(tmp_path: Path) -> None:
     pid = int(marker.read_text())
     with pytest.raises(ProcessLookupError):  # the ProxyCommand was ended (and reaped), not left behind
         os.kill(pid, 0)
+
+
+def test_special_files_named_as_ssh_files_never_block(tmp_path: Path) -> None:
+    """A FIFO given as identity_file or config_file is refused at once: reading it would wait forever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="is not a regular file"):
+        SshTransport("n0", "127.0.0.1", SshSettings(port=1, identity_file=str(fifo),
+                                                    known_hosts=str(tmp_path / "kh"), connect_timeout=2)).connect()
+    with pytest.raises(UsageError, match="is not a regular file"):
+        SshTransport("n0", "127.0.0.1", SshSettings(port=1, config_file=str(fifo), connect_timeout=2)).connect()
+    assert time.monotonic() - started < 5

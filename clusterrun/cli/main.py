@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "down": ("clusterrun.cli.runs_cmd", "down", "Stop whatever is left of a run on every node."),
     "check": ("clusterrun.cli.check_cmd", "check", "Validate an inventory file and report every problem with its line."),
     "schema": ("clusterrun.cli.schema_cmd", "schema", "Print the inventory's JSON Schema (for editor completion)."),
+    "export": ("clusterrun.cli.export_cmd", "export", "Write the job as an sbatch script or a Kubeflow PyTorchJob/TrainJob."),
 }
 
 
@@ -72,14 +73,18 @@ def _warnings_to_stderr() -> None:
     """The library's warnings (a skipped known_hosts line, an ssh_config block not applied) as clusterrun's lines."""
     import logging
 
+    class ToStderr(logging.StreamHandler):  # type: ignore[type-arg]
+        def emit(self, record: logging.LogRecord) -> None:
+            self.stream = sys.stderr  # whatever stderr is now (tests and callers swap it)
+            super().emit(record)
+
     logger = logging.getLogger("clusterrun")
-    if not any(getattr(h, "clusterrun", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, logging.StreamHandler) and getattr(h, "clusterrun", False) for h in logger.handlers):
+        handler = ToStderr()
         handler.setFormatter(logging.Formatter("clusterrun: warning: %(message)s"))
         handler.setLevel(logging.WARNING)
         handler.clusterrun = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
-        logger.propagate = False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
     except ClusterrunError as exc:
-        click.echo(f"clusterrun: error: {exc}", err=True)
+        from clusterrun.launch.console import safe
+
+        click.echo(f"clusterrun: error: {safe(str(exc))}", err=True)  # what the user typed may hold escapes
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("clusterrun: aborted", err=True)

@@ -55,7 +55,7 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
               "network (about a second); full = doctor's network checks too; off = no check.")
 @click.option("--detach", is_flag=True, help="Start the job, print its run id and return; it runs on without "
               "clusterrun (`clusterrun logs RUN -f` follows it, `clusterrun down RUN` stops it).")
-@click.option("--timeout", "time_limit", type=click.FloatRange(1, None), metavar="SECONDS",
+@click.option("--timeout", "time_limit", type=click.FloatRange(1, 10 * 365 * 86400), metavar="SECONDS",
               help="Stop the job (exit 124) if it runs longer than this; by default it may run forever.")
 @click.option("--grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
               help="After a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.")
@@ -66,7 +66,7 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 @click.option("--on-path-loss", type=click.Choice(["stop", "warn"]), default=None,
               help="What a dead data path does: stop the job (its ranks would only wait for NCCL's or gloo's "
               "timeout), or warn and let it run (default: stop; inventory run.on_path_loss).")
-@click.option("--hang-timeout", type=click.FloatRange(1, None), metavar="SECONDS",
+@click.option("--hang-timeout", type=click.FloatRange(1, 604800), metavar="SECONDS",
               help="When no rank has printed anything for this long, take every rank's stack (py-spy, or a "
               "faulthandler hook clusterrun installs) and print where each rank is (default: off; inventory "
               "run.hang_timeout).")

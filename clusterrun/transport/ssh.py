@@ -242,6 +242,9 @@ class SshTransport(Transport):
         # Read on every connect (a malformed line only warns); paramiko's own host key list stays empty so
         # that every key reaches HostKeyCheck, which knows the file and line of what it compares with.
         known = KnownHosts.load(target.known_hosts + target.global_known_hosts)
+        for key in target.identity_files:  # paramiko would block on a FIFO or read a device forever
+            if os.path.exists(key) and not os.path.isfile(key):
+                raise AuthError(self.node, f"identity_file {key} is not a regular file, so not read as a key")
         client = paramiko.SSHClient()
         client.set_missing_host_key_policy(HostKeyCheck(self.node, target, known))
         try:

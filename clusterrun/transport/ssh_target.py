@@ -195,6 +195,8 @@ class _Lookup:
         return result
 
     def read(self, path: Path, *, system: bool, active: bool, never_match: bool, depth: int) -> None:
+        if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+            raise UsageError(f"{path}: is not a regular file, so not read as an ssh_config")
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -262,7 +264,8 @@ def config_files(config_file: str | None) -> list[tuple[Path, bool]]:
     if config_file:
         path = Path(os.path.expanduser(config_file))
         if not path.is_file():
-            raise UsageError(f"{path}: ssh config_file not found (set in the inventory's ssh settings or with "
+            what = "is not a regular file" if path.exists() else "not found"
+            raise UsageError(f"{path}: ssh config_file {what} (set in the inventory's ssh settings or with "
                              "--ssh-config)")
         return [(path, False)]
     candidates = [(Path(os.path.expanduser(DEFAULT_CONFIG)), False), (Path(SYSTEM_CONFIG), True)]
