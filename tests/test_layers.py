@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"transport"},
     {"runs", "notify"},
     {"launch"},
-    {"ops"},
+    {"ops", "export"},
     {"doctor"},
     {"cli", "__main__", "__init__"},
 ]

@@ -322,6 +322,9 @@ def test_environment_secrets_never_show_in_any_command_line(sim_cluster: SimClus
         shown = [(node.name, pid, cmd[:120]) for node in sim_cluster.nodes[:2]
                  for pid, cmd in sim_cluster.processes(node) if _holds_secret(cmd)]
         assert not shown, f"the secret shows in command lines: {shown}"
+        for node in sim_cluster.nodes[:2]:  # the node's run directory (the ranks' logs) is the user's only
+            node_dir = Path.home() / ".clusterrun" / "runs" / run.name / node.name
+            assert node_dir.stat().st_mode & 0o777 == 0o700
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
     finally:

@@ -83,7 +83,8 @@ def check(spec):
             out["torch"] = "unknown"
     for d in (spec["run_dir"], spec["cache"]):
         try:
-            os.makedirs(os.path.expanduser(d), exist_ok=True)
+            # The run's own directory holds the ranks' logs: the user's only. The cache is shared by runs.
+            os.makedirs(os.path.expanduser(d), mode=0o700 if d == spec["run_dir"] else 0o777, exist_ok=True)
         except OSError as exc:
             out["problems"].append("cannot create %s: %s" % (d, exc.strerror or exc))
     for digest in spec["hashes"]:
