@@ -59,3 +59,35 @@ def test_ctrl_c_during_the_checks_is_recorded(sim_cluster: SimCluster, tmp_path:
     assert "Traceback" not in err
     (status,) = [json.loads(p.read_text()) for p in runs.glob("*/status.json")]
     assert status["state"] == "interrupted" and "before the job started" in status["detail"]
+
+
+@pytest.mark.cluster
+def test_a_frozen_orchestrator_finds_a_final_status_when_it_resumes(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """clusterrun stopped (SIGSTOP: a laptop lid, a debugger) past the heartbeat timeout: the agents stop the job on
+    their own; when clusterrun resumes it records the end (not `running` forever) and nothing is left."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "sleeper.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", str(inv), "sleeper.py"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            env=clusterrun_env())
+    try:
+        assert proc.stdout is not None
+        seen = 0
+        deadline = time.monotonic() + 90
+        while seen < 2 and time.monotonic() < deadline:
+            seen += "] up" in proc.stdout.readline()
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(20)  # past the agents' 15 s heartbeat timeout
+        proc.send_signal(signal.SIGCONT)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0 and "Traceback" not in err
+    (path,) = list((tmp_path / "runs").glob("*/status.json"))
+    status = json.loads(path.read_text())
+    assert status["state"] == "failed", status["state"]
+    reasons = " ".join(str(n.get("reason")) for n in status["nodes"].values())
+    assert "no word from clusterrun" in reasons or "watchdog" in reasons, reasons
+    assert not sim_cluster.wait_no_processes(path.parent.name, 20)

@@ -322,6 +322,7 @@ class Supervisor:
         started = time.monotonic()
         next_beat = started + self.settings.heartbeat_interval
         next_tick = started
+        last_turn = started
         while len(self._ended) < len(self._streams):
             try:
                 name, item = self._events.get(timeout=0.1)
@@ -330,6 +331,9 @@ class Supervisor:
                 pass
             self._handle_signals()
             now = time.monotonic()
+            if now - last_turn > self.settings.heartbeat_timeout / 2:
+                self._resumed(now - last_turn, now)
+            last_turn = now
             if now >= next_tick:
                 next_tick = now + 0.25
                 self.console.tick(now)  # progress bars held back by the rate limit
@@ -358,6 +362,14 @@ class Supervisor:
         if note:
             self.console.info(note)
             self._record({"time": time.time(), "node": "-", "kind": "flight-dump", "text": note})
+
+    def _resumed(self, gap: float, now: float) -> None:
+        """clusterrun itself stood still (stopped with SIGSTOP or Ctrl-Z, a suspended laptop): the nodes did not go
+        silent, it did. Their agents may have stopped the job meanwhile; give them time to say so."""
+        self.console.info(f"clusterrun did not run for {gap:.0f}s (stopped or suspended); the nodes' agents stop the "
+                          f"job when they hear nothing for {self.settings.heartbeat_timeout:g}s")
+        for name in self._streams:
+            self._last_heard[name] = now
 
     def _check_silent(self, now: float) -> None:
         """A node that answers no heartbeat for heartbeat_timeout is lost (network gone, node down)."""
