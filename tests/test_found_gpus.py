@@ -47,7 +47,8 @@ def test_what_the_user_set_wins_and_no_gpu_changes_nothing() -> None:
 def test_visible_gpus_from_the_drivers_list_and_cuda_visible_devices(tmp_path: Path) -> None:
     for bus in ("0000:17:00.0", "0000:2a:00.0", "0000:3d:00.0", "0000:63:00.0"):
         (tmp_path / bus).mkdir()
-    assert visible_gpus(str(tmp_path), {}) == 4
-    assert visible_gpus(str(tmp_path), {"CUDA_VISIBLE_DEVICES": "1,3"}) == 2
-    assert visible_gpus(str(tmp_path), {"CUDA_VISIBLE_DEVICES": "-1"}) == 0
-    assert visible_gpus(str(tmp_path / "absent"), {}) == 0  # no NVIDIA driver
+    assert visible_gpus(str(tmp_path), {}, smi=None) == 4  # no nvidia-smi: the driver's list
+    assert visible_gpus(str(tmp_path), {"CUDA_VISIBLE_DEVICES": "1,3"}, smi=None) == 2
+    assert visible_gpus(str(tmp_path), {"CUDA_VISIBLE_DEVICES": "-1"}, smi=None) == 0
+    assert visible_gpus(str(tmp_path / "absent"), {}, smi=None) == 0  # no NVIDIA driver
+    assert visible_gpus(str(tmp_path / "absent"), {}, smi=lambda: ["0", "1"]) == 2  # nvidia-smi answers first

@@ -118,3 +118,33 @@ def test_init_writes_an_inventory_that_up_runs(sim_cluster: SimCluster, tmp_path
     assert up.returncode == 0, up.stderr
     assert {r["GLOO_SOCKET_IFNAME"] for r in reports(up.stdout)} == {sim_cluster.nodes[0].data_nic}
     assert "from the node" not in up.stderr  # the inventory already said everything
+
+
+GPU_WORKER = """
+import json, os
+keys = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")
+print("REPORT " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+"""
+
+
+def test_without_gpus_given_every_gpu_a_node_sees_gets_a_process(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """The nodes' nvidia-smi is a stand-in replaying a real 4 x H200 recording (tests/standins/nvidia_smi.py); the
+    interpreter the one-liner names puts it first on the PATH, as a site's environment module would."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'standins' / 'nvidia_smi.py'} \"$@\"\n")
+    smi.chmod(0o755)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPATH={tools}:$PATH exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
+    ips = ",".join(n.mgmt_ip for n in sim_cluster.nodes[:2])
+    (tmp_path / "gpu_worker.py").write_text(GPU_WORKER)
+    done = run_clusterrun("up", "--ips", ips, "--ssh-config", str(cfg), "--python", str(python), "gpu_worker.py",
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    got = [json.loads(line.split("REPORT ", 1)[1]) for line in done.stdout.splitlines() if "REPORT " in line]
+    assert sorted(int(r["RANK"]) for r in got) == list(range(8))
+    assert {(r["WORLD_SIZE"], r["LOCAL_WORLD_SIZE"], r["CUDA_VISIBLE_DEVICES"]) for r in got} == {("8", "4", "0,1,2,3")}
+    assert f"{sim_cluster.nodes[0].mgmt_ip}: 4 GPU(s) seen, one process each (gpus: 0-3)" in done.stderr

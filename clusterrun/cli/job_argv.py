@@ -29,17 +29,17 @@ ALIASES = {
 # torchrun's values for "one process per GPU": clusterrun's default already.
 AUTO_NPROC = ("gpu", "auto")
 # What clusterrun works out itself: given by hand, it would contradict the plan.
+_NODES = "clusterrun counts the nodes it is given (inventory, --ips, --hostfile, --slurm); --nodes picks some of them"
+_RANK = "each node's rank is its place in the node list (the first is 0); `node_rank` in the inventory pins ranks"
+_MASTER = ("the master is rank 0's node on the data network: list the node you want first (or pin `node_rank: 0`); "
+           "--data-nic chooses the network")
+_RDZV = "clusterrun sets the rendezvous itself (rank 0's data address and --master-port)"
 DERIVED = {
-    "--nnodes": "the number of nodes comes from the inventory or --ips/--hostfile/--slurm (--nodes picks some)",
-    "--num_nodes": "the number of nodes comes from the inventory or --ips/--hostfile/--slurm (--nodes picks some)",
-    "--node_rank": "each node's rank is its place in the node list (the first is rank 0)",
-    "--node-rank": "each node's rank is its place in the node list (the first is rank 0)",
-    "--master_addr": "the master is the first node, reached on the data network (see `clusterrun plan`)",
-    "--master-addr": "the master is the first node, reached on the data network (see `clusterrun plan`)",
-    "--rdzv_endpoint": "clusterrun sets the rendezvous (the first node's data address and --master-port)",
-    "--rdzv-endpoint": "clusterrun sets the rendezvous (the first node's data address and --master-port)",
-    "--rdzv_backend": "clusterrun uses torchrun's static rendezvous", "--rdzv-backend": "clusterrun uses torchrun's "
-    "static rendezvous", "--rdzv_id": "the run id names the job", "--rdzv-id": "the run id names the job",
+    "--nnodes": _NODES, "--num_nodes": _NODES, "--num-nodes": _NODES,
+    "--node_rank": _RANK, "--node-rank": _RANK,
+    "--master_addr": _MASTER, "--master-addr": _MASTER,
+    "--rdzv_endpoint": _RDZV, "--rdzv-endpoint": _RDZV, "--rdzv_backend": _RDZV, "--rdzv-backend": _RDZV,
+    "--rdzv_id": _RDZV, "--rdzv-id": _RDZV,
     "--standalone": "a one-machine run is the local inventory: clusterrun up inventories/localhost.yaml SCRIPT",
 }
 
@@ -95,7 +95,7 @@ def split(command: click.Command, args: list[str],
             continue
         name, eq, value = token.partition("=") if token.startswith("--") else (token[:2], "", token[2:])
         if name in DERIVED:
-            raise _usage(f"{name}: {DERIVED[name]}; leave it out")
+            raise _usage(f"{name}: clusterrun sets this itself; {DERIVED[name]}")
         name = ALIASES.get(name, name)
         if name not in table:
             near = difflib.get_close_matches(name, [n for n in table if n.startswith("--")], n=1)

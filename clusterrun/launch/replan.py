@@ -69,11 +69,14 @@ def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeRe
     for node in inv.nodes:
         count = ready[node.name].gpus if node.name in ready else None
         if node.gpus or node.nproc_per_node is not None or not count:
+            if count == 0 and not node.gpus and node.nproc_per_node is None:
+                found.append(f"{node.name}: no GPU seen: one CPU process (--nproc-per-node for more)")
             nodes.append(node)
             continue
         nodes.append(node.model_copy(update={"gpus": list(range(count))}))
         found.append(f"{node.name}: {count} GPU(s) seen, one process each (gpus: 0-{count - 1})")
-    return (inv.model_copy(update={"nodes": nodes}), found) if found else (inv, [])
+    changed = any(a is not b for a, b in zip(nodes, inv.nodes, strict=True))
+    return (inv.model_copy(update={"nodes": nodes}) if changed else inv), found
 
 
 def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, LaunchPlan]:

@@ -49,14 +49,35 @@ def net_facts():
     return net
 
 
-def visible_gpus(root="/proc/driver/nvidia/gpus", environ=None):
-    """How many NVIDIA GPUs a process started here would see: the driver's GPUs (one directory each, no
-    nvidia-smi run), or as many as CUDA_VISIBLE_DEVICES names when it is set. 0 without a driver."""
-    environ = os.environ if environ is None else environ
+def _smi_gpus():
+    """GPU indices by nvidia-smi (what the driver reports), or None when it is absent or fails."""
+    import shutil
+
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return None
     try:
-        present = len([name for name in os.listdir(root) if not name.startswith(".")])
-    except OSError:
-        return 0
+        done = subprocess.run([tool, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return [line.strip() for line in done.stdout.splitlines() if line.strip().isdigit()]
+
+
+def visible_gpus(root="/proc/driver/nvidia/gpus", environ=None, smi=_smi_gpus):
+    """How many NVIDIA GPUs a process started here would see: nvidia-smi's list (the driver's directory of GPUs
+    when nvidia-smi is absent), cut to as many as CUDA_VISIBLE_DEVICES names when it is set. 0 without a driver."""
+    environ = os.environ if environ is None else environ
+    listed = smi() if smi is not None else None
+    if listed is not None:
+        present = len(listed)
+    else:
+        try:
+            present = len([name for name in os.listdir(root) if not name.startswith(".")])
+        except OSError:
+            return 0
     chosen = environ.get("CUDA_VISIBLE_DEVICES")
     if chosen is None:
         return present
