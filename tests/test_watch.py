@@ -49,6 +49,19 @@ def test_the_node_in_most_lost_paths_is_blamed_after_the_settle_time(dead: str, 
     assert state.verdict(106.0, ended=set()) is None  # blamed once
 
 
+def test_a_node_that_fell_off_every_network_is_blamed_not_its_only_watcher() -> None:
+    """n3 is watched by n2 alone and cannot report anything itself; clusterrun does not hear it either."""
+    state = _state(4)
+    state.lost(_loss("n2", "n3"), now=100.0)
+    verdict = state.verdict(102.5, ended=set(), silent={"n3"})
+    assert verdict is not None and verdict.node == "n3" and not verdict.also
+    assert verdict.describe().startswith("n3: stopped answering on its data address")
+    alone = _state(4)  # without the silence, the watcher's own path is as likely: the reporter is named
+    alone.lost(_loss("n2", "n3"), now=100.0)
+    verdict = alone.verdict(102.5, ended=set())
+    assert verdict is not None and verdict.node == "n2"
+
+
 def test_two_nodes_that_lost_each_other_are_both_named() -> None:
     state = _state(2)
     state.lost(_loss("n0", "n1"), 10.0)

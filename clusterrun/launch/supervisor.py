@@ -338,7 +338,9 @@ class Supervisor:
                 next_tick = now + 0.25
                 self.console.tick(now)  # progress bars held back by the rate limit
                 if self.watch is not None:
-                    self.watch.tick(now, {n for n, o in self.outcome.nodes.items() if o.ended is not None})
+                    quiet = 3 * self.settings.heartbeat_interval  # every node answers each heartbeat at once
+                    self.watch.tick(now, {n for n, o in self.outcome.nodes.items() if o.ended is not None},
+                                    {n for n, t in self._last_heard.items() if now - t > quiet})
                 if self.hang is not None:
                     self.hang.tick(now, set(self._streams) - self._ended, stopping=self._stop_sent_at is not None)
             if now >= next_beat:

@@ -15,7 +15,7 @@ from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
 from clusterrun.launch.detach import start_detached
-from clusterrun.launch.outcome import Attempt, RunOutcome, Signature, no_restart, signature, untrusted_nodes
+from clusterrun.launch.outcome import Attempt, RankState, RunOutcome, Signature, no_restart, signature, untrusted_nodes
 from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.ready import NodeReady, check_ready, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
@@ -278,7 +278,11 @@ class _Run:
     def _again(self, plan: LaunchPlan, outcome: RunOutcome, attempt: Attempt) -> tuple[LaunchPlan, RunOutcome]:
         number = attempt.number + 1
         lost = untrusted_nodes(outcome)
-        swept, unchecked = sweep_nodes(plan, self.transports, self.settings.grace)
+        # A node whose agent fell silent is not waited for (its agent stops the job there by itself, and it is
+        # left out); every other node is checked for leftovers before the next attempt starts.
+        silent = {n for n, o in outcome.nodes.items() if o.state is RankState.unknown}
+        reachable = dataclasses.replace(plan, nodes=tuple(n for n in plan.nodes if n.name not in silent))
+        swept, unchecked = sweep_nodes(reachable, self.transports, self.settings.grace)
         for node, count in swept.items():
             if count:
                 self.console.info(f"{node}: stopped {count} leftover process(es) of attempt {attempt.number}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,9 +101,10 @@ class PathWatchState:
         if self.due is None:
             self.due = now + self.settle
 
-    def verdict(self, now: float, ended: set[str]) -> Verdict | None:
+    def verdict(self, now: float, ended: set[str], silent: Collection[str] = ()) -> Verdict | None:
         """The node at fault once the settle time has passed (None before, or when every loss involves a node
-        whose job already ended: its watch is gone, not its path)."""
+        whose job already ended: its watch is gone, not its path). ``silent``: nodes clusterrun itself has not
+        heard from lately (a node that fell off every network cannot report its own losses)."""
         if self.due is None or now < self.due:
             return None
         # A loss with an end already blamed or already finished is explained (its watch is gone, not its path).
@@ -115,8 +116,10 @@ class PathWatchState:
         count = Counter(n for p in losses for n in (p.node, p.peer))
         top = max(count.values())
         reporters = Counter(p.node for p in losses)
-        # The most involved node; on a tie, the one that reported the most losses (its own paths failed).
+        # The most involved node; on a tie, one that clusterrun cannot hear either (it is down, not just its data
+        # path), else the one that reported the most losses (its own paths failed).
         candidates = [n for n, c in count.items() if c == top]
+        candidates = [n for n in candidates if n in silent] or candidates
         best = max(reporters[n] for n in candidates)
         tied = sorted((n for n in candidates if reporters[n] == best), key=list(self.order).index)
         culprit = tied[0]
@@ -169,14 +172,14 @@ class DataPathWatch:
             if peer in self.state.blamed or node in self.state.blamed:
                 self.say(f"{node}: {nic or 'its data NIC'} reaches {peer} ({address}) again")
 
-    def tick(self, now: float, ended: set[str]) -> None:
+    def tick(self, now: float, ended: set[str], silent: Collection[str] = ()) -> None:
         if not self.sent and (self.state.ready() or now - self.started > self.start_wait):
             self.sent = True
             for node in self.state.ports:
                 targets = self.state.targets_of(node)
                 if targets:
                     self.send(node, f"{protocol.WATCH} {json.dumps(targets, separators=(',', ':'))}\n")
-        verdict = self.state.verdict(now, ended)
+        verdict = self.state.verdict(now, ended, silent)
         if verdict is not None:
             self.record({"time": time.time(), "node": verdict.node, "kind": "path-verdict",
                                 "text": verdict.describe()})
