@@ -109,7 +109,7 @@ def test_a_lost_node_is_left_out_and_the_job_goes_on_with_fewer(sim_cluster: Sim
     assert code == 0, err[-4000:]
     assert sorted(lines(out, "attempt 1")) == [f"attempt 1 rank {r} world 3 torchelastic 1" for r in range(3)]
     assert "node3 left out" in err
-    assert "node3: stopped answering on its data address" in err  # the dead node, not its only watcher
+    assert "node3: its data path died: stopped answering on its data address" in err  # not its only watcher
     st = status(the_run(tmp_path))
     assert st["state"] == "succeeded" and st["attempts"][1]["nodes"] == ["node0", "node1", "node2"]
     assert "node3" in st["attempts"][1]["left_out"]
