@@ -359,6 +359,15 @@ class Supervisor:
                 stuck = [n for n in self._streams if n not in self._ended and not (
                     draining and now - self._last_progress.get(n, 0.0) < self.settings.stop_timeout)]
                 self._give_up(stuck)
+            elif self._stop_sent_at is not None:
+                # A node that had already stopped answering every heartbeat when the stop went out (it fell off
+                # the network: the path watch named it) is not waited for the whole stop_timeout.
+                quiet = 3 * self.settings.heartbeat_interval
+                gone = [n for n in self._streams if n not in self._ended
+                        and self._last_heard.get(n, now) < self._stop_sent_at - quiet
+                        and now - self._last_heard.get(n, now) > 2 * quiet]
+                if gone:
+                    self._give_up(gone)
         self.outcome.ended = time.time()
         note = self.hang.timeout_dumps_note() if self.hang is not None else None
         if note:
@@ -438,7 +447,10 @@ class Supervisor:
             self._ended.add(name)
             node = self.outcome.nodes[name]
             node.ended, node.state = time.time(), RankState.unknown
-            node.reason = f"did not confirm it stopped within {self.settings.stop_timeout:g}s"
+            silent = time.monotonic() - self._last_heard.get(name, time.monotonic())
+            node.reason = (f"did not confirm it stopped within {self.settings.stop_timeout:g}s"
+                           if silent < self.settings.stop_timeout else
+                           f"no word from the node for {silent:.0f}s (network down or node hung)")
             for rank in node.ranks.values():
                 if rank.state is RankState.running:
                     rank.state = RankState.unknown
