@@ -45,6 +45,9 @@ SECTIONS: dict[str, str] = {
                  "d=${p%/ports/*}; d=${d##*/}; n=${p##*/}; "
                  "printf '%s %s %s %s\\n' \"$d\" \"$n\" \"$(cat \"$p/link_layer\" 2>/dev/null)\" "
                  "\"$(ls /sys/class/infiniband/$d/device/net 2>/dev/null | tr '\\n' ',')\"; done"),
+    # MLNX_OFED's scripts: which netdev each RDMA port drives (-v adds the port's state) and each GID's netdev.
+    "ibdev2netdev": "ibdev2netdev -v",
+    "show_gids": "show_gids",
     "peermem": "if [ -d /sys/module/nvidia_peermem ]; then echo loaded; else echo absent; fi",
     "ulimit_memlock": "ulimit -l",
     "ulimit_nofile": "ulimit -n",

@@ -10,6 +10,8 @@ raised. No module runs anything; probes should run the tools with ``LC_ALL=C``.
 - ``topo``: the ``nvidia-smi topo -m`` matrix (GPU/NIC links, CPU and NUMA affinity, NIC legend)
 - ``ip``: ``ip -j addr show`` and ``ip -j link show``
 - ``ibstat``: ``ibstat`` and ``ibv_devinfo [-v]`` (port state, physical state, rate, link layer, GIDs)
+- ``ibdev2netdev``: MLNX/rdma-core ``ibdev2netdev [-v]`` (RDMA port -> netdev and its state)
+- ``show_gids``: the MLNX ``show_gids`` table (GID index, GID, IPv4, RoCE version, netdev)
 - ``ib_write_bw``: the perftest ``ib_write_bw`` report
 - ``ping``: iputils ``ping``
 - ``iperf3``: ``iperf3 -J`` (client side)
