@@ -1,8 +1,9 @@
-"""Shared fixtures: the simulated cluster (see tests/simcluster.py and SIMCLUSTER notes).
+"""Shared fixtures: the simulated cluster (see tests/simcluster.py and SIMCLUSTER notes) and the Slurm test bed
+on a cluster of its own (tests/slurmbed.py).
 
-Tests that use ``sim_cluster`` are marked ``@pytest.mark.cluster``. The cluster needs root, iproute2,
-iptables and openssh (``.ci/install-cluster-deps``); without them its tests are skipped, or fail when the
-``CI`` environment variable is set, so CI never passes by skipping them.
+Tests that use ``sim_cluster`` or ``slurm_bed`` are marked ``@pytest.mark.cluster``. The cluster needs root,
+iproute2, iptables and openssh, the bed also slurm-wlm and munge (``.ci/install-cluster-deps``); without them
+their tests are skipped, or fail when the ``CI`` environment variable is set, so CI never passes by skipping them.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 from simcluster import SimCluster, missing_requirements
+from slurmbed import SlurmBed, slurm_missing
 
 SIM_CLUSTER_NODES = 4
+SLURM_BED_NODES = 4
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +45,29 @@ def sim_cluster(cluster_requirements: None) -> Iterator[SimCluster]:
     cluster.start()  # cleans up after itself if it fails
     try:
         yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_bed(cluster_requirements: None) -> Iterator[SlurmBed]:
+    """A started Slurm test bed (munged, slurmctld, a slurmd per node) on a 4-node SimCluster of its own, shared
+    by the whole session and torn down at its end, also after failures and Ctrl-C.
+
+    Its own cluster: the shared ``sim_cluster`` is reset after each test, which kills every node process
+    (slurmd included). Tests put it back themselves (:meth:`SlurmBed.reset`).
+    """
+    problems = slurm_missing()
+    if problems:
+        reason = "slurm test bed unavailable: " + "; ".join(problems)
+        if "CI" in os.environ:
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    cluster = SimCluster(SLURM_BED_NODES)
+    cluster.start()  # cleans up after itself if it fails
+    try:
+        with SlurmBed(cluster) as bed:  # stops what it started if its start fails
+            yield bed
     finally:
         cluster.stop()
 

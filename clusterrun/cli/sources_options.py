@@ -14,6 +14,14 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 SOURCE_FLAGS = ("ips", "hostfile", "slurm")
+# --transport is kept in the click context rather than passed as a parameter: only load_nodes reads it, and the
+# commands hand their other source flags on by name.
+_TRANSPORT_KEY = "clusterrun.transport"
+
+
+def _remember_transport(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    ctx.meta[_TRANSPORT_KEY] = value
+    return value
 
 
 def source_options(func: F) -> F:
@@ -30,9 +38,12 @@ def source_options(func: F) -> F:
         click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="FILE",
                      help="With --ips/--hostfile/--slurm: an ssh_config to read instead of ~/.ssh/config."),
         click.option("--python", "node_python", metavar="PATH", help="With --ips/--hostfile/--slurm: the python on "
-                     "the nodes (default python3); torchrun is run with it."),
+                     "the nodes (default: the interpreter clusterrun runs under, as DeepSpeed does); torchrun is run with it."),
         click.option("--data-nic", metavar="NAME|CIDR", help="With --ips/--hostfile/--slurm: the data network "
                      "(default: found on the nodes)."),
+        click.option("--transport", type=click.Choice(["ssh", "srun"]), expose_value=False,
+                     callback=_remember_transport, help="With --ips/--hostfile/--slurm: how to reach the nodes "
+                     "(default: srun for --slurm inside a Slurm allocation, else ssh)."),
         click.option("--nodes", "node_pattern", metavar="PATTERN", help="Only these nodes: a name glob (gpu*), a "
                      "Slurm host list (gpu0[1-2]) or label=VALUE; comma-separated terms add up."),
     ]
@@ -49,10 +60,14 @@ def load_nodes(inventory: Path | None, *, ips: str | None = None, hostfile: Path
                slurm: str | None = None, gpus: str | None = None, ssh_user: str | None = None,
                ssh_config: Path | None = None,
                node_python: str | None = None, data_nic: str | None = None, node_pattern: str | None = None,
-               nproc_per_node: int | None = None) -> Any:
-    """The validated Inventory for whichever source was given. Raises ClusterrunError."""
+               nproc_per_node: int | None = None, transport: str | None = None) -> Any:
+    """The validated Inventory for whichever source was given; ``transport`` defaults to the command's
+    --transport. Raises ClusterrunError."""
     from clusterrun.inventory.sources import HostSource, load_cluster
 
+    if transport is None:
+        ctx = click.get_current_context(silent=True)
+        transport = ctx.meta.get(_TRANSPORT_KEY) if ctx is not None else None
     return load_cluster(HostSource(inventory=inventory, ips=ips, hostfile=hostfile, slurm=slurm, gpus=gpus,
                                    nproc_per_node=nproc_per_node, ssh_user=ssh_user, ssh_config=ssh_config, python=node_python,
-                                   data_nic=data_nic, nodes=node_pattern))
+                                   data_nic=data_nic, nodes=node_pattern, transport=transport))

@@ -63,6 +63,7 @@ class HostKeyPolicy(str, enum.Enum):
 class Transport(str, enum.Enum):
     ssh = "ssh"
     local = "local"
+    srun = "srun"  # a Slurm job step per command (inside an allocation: steps of that job)
 
 
 class SshSettings(_Model):

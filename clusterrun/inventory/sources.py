@@ -34,7 +34,10 @@ _TERM_SPLIT_RE = re.compile(r",(?![^\[]*\])")  # commas outside [...]
 _NAME_MAX = 63
 #: One-liner-only flags, and where the same setting lives in an inventory file.
 _FILE_KEYS = {"--gpus": "each node's gpus", "--ssh-user": "defaults.ssh.user", "--python": "defaults.python",
-              "--data-nic": "network.data", "--ssh-config": "defaults.ssh.config_file"}
+              "--data-nic": "network.data", "--ssh-config": "defaults.ssh.config_file",
+              "--transport": "defaults.transport"}
+#: The one-liner transports (``local`` exists only in inventory files).
+TRANSPORTS = ("ssh", "srun")
 #: Inventory paths (list indices left out) whose values come from these flags.
 _FLAG_OF_PATH = {("defaults", "ssh", "user"): "--ssh-user", ("defaults", "python"): "--python",
                  ("defaults", "nproc_per_node"): "--nproc-per-node", ("network", "data"): "--data-nic",
@@ -56,6 +59,7 @@ class HostSource:
     python: str | None = None  # --python PATH on the nodes
     data_nic: str | None = None  # --data-nic NAME or CIDR -> network.data
     nodes: str | None = None  # --nodes PATTERN: subset by name glob, Slurm hostlist, or label=VALUE
+    transport: str | None = None  # --transport ssh|srun; None: srun for --slurm inside an allocation, else ssh
 
 
 def load_cluster(src: HostSource, environ: Mapping[str, str] = os.environ) -> Inventory:
@@ -68,8 +72,10 @@ def load_cluster(src: HostSource, environ: Mapping[str, str] = os.environ) -> In
       that is no valid node name, like an IPv6 address, gets a derived name; ``host`` keeps it
       as given), with ``host:port`` as the node's ssh port, ``--gpus`` on every node,
       ``--nproc-per-node`` as ``defaults.nproc_per_node``, ``--ssh-user``/``--python`` as
-      ``defaults.ssh.user``/``defaults.python``, ``--data-nic`` as ``network.data``, transport ssh
-      and no NICs (they are probed on the nodes). A hostfile's ``slots=N`` becomes that node's
+      ``defaults.ssh.user``/``defaults.python``, ``--data-nic`` as ``network.data``, no NICs (they
+      are probed on the nodes) and ``--transport`` as ``defaults.transport``: without it ssh, except
+      for ``--slurm`` inside an allocation (``SLURM_JOB_ID`` in ``environ``), where it is srun
+      (``--ssh-user`` and ``--ssh-config`` are then refused). A hostfile's ``slots=N`` becomes that node's
       ``nproc_per_node`` unless ``--nproc-per-node`` is given, which then wins for every node;
       ``max_slots`` is not used. ``--slurm ""`` reads ``SLURM_JOB_NODELIST`` from ``environ``.
 
@@ -153,7 +159,8 @@ def _load_all(src: HostSource, environ: Mapping[str, str]) -> tuple[Inventory, s
     if src.inventory is not None:
         extra = [flag for flag, value in (("--gpus", src.gpus), ("--ssh-user", src.ssh_user),
                                           ("--ssh-config", src.ssh_config),
-                                          ("--python", src.python), ("--data-nic", src.data_nic)) if value is not None]
+                                          ("--python", src.python), ("--data-nic", src.data_nic),
+                                          ("--transport", src.transport)) if value is not None]
         if extra:
             where = ", ".join(f"{flag} as {_FILE_KEYS[flag]}" for flag in extra)
             raise UsageError(f"{', '.join(extra)} only apply to --ips, --hostfile and --slurm; with an INVENTORY "
@@ -169,7 +176,25 @@ def _load_all(src: HostSource, environ: Mapping[str, str]) -> tuple[Inventory, s
     else:
         flag = label = "--slurm" if src.slurm else "SLURM_JOB_NODELIST"
         hosts = [(h, None, None) for h in _slurm_hosts(src.slurm or environ.get("SLURM_JOB_NODELIST", ""), flag)]
-    return _one_liner(src, flag, hosts), label
+    return _one_liner(src, flag, hosts, _transport(src, environ)), label
+
+
+def _transport(src: HostSource, environ: Mapping[str, str]) -> str:
+    """The one-liner's transport: ``--transport``, else srun for ``--slurm`` inside an allocation, else ssh."""
+    if src.transport is not None and src.transport not in TRANSPORTS:
+        raise UsageError(f"--transport: expected one of {', '.join(TRANSPORTS)}, got {brief_repr(src.transport)}")
+    in_allocation = bool(environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"))
+    transport = src.transport or ("srun" if src.slurm is not None and in_allocation else "ssh")
+    if transport == "srun":
+        ssh_flags = [flag for flag, value in (("--ssh-user", src.ssh_user), ("--ssh-config", src.ssh_config))
+                     if value is not None]
+        if ssh_flags:
+            why = ("--transport srun reaches the nodes with srun" if src.transport else
+                   "inside a Slurm allocation --slurm reaches the nodes with srun")
+            verb = "applies" if len(ssh_flags) == 1 else "apply"
+            raise UsageError(f"{' and '.join(ssh_flags)} only {verb} to SSH, and {why}; add --transport ssh to "
+                             "reach the nodes over SSH instead")
+    return transport
 
 
 def _slurm_hosts(nodelist: str, flag: str) -> list[str]:
@@ -191,9 +216,10 @@ def _slurm_hosts(nodelist: str, flag: str) -> list[str]:
     return hosts
 
 
-def _one_liner(src: HostSource, flag: str, hosts: list[tuple[str, int | None, int | None]]) -> Inventory:
+def _one_liner(src: HostSource, flag: str, hosts: list[tuple[str, int | None, int | None]],
+               transport: str = "ssh") -> Inventory:
     gpus = list(parse_gpu_list(src.gpus)) if src.gpus is not None else None
-    defaults: dict[str, Any] = {"transport": "ssh"}
+    defaults: dict[str, Any] = {"transport": transport}
     ssh: dict[str, Any] = {}
     if src.ssh_user is not None:
         ssh["user"] = _word(src.ssh_user, "--ssh-user", "a user name without spaces", spaces=False)

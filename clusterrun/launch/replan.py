@@ -69,7 +69,7 @@ def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeRe
     for node in inv.nodes:
         count = ready[node.name].gpus if node.name in ready else None
         if node.gpus or node.nproc_per_node is not None or not count:
-            if count == 0 and not node.gpus and node.nproc_per_node is None:
+            if count == 0 and "gpus" not in node.model_fields_set and node.nproc_per_node is None:
                 found.append(f"{node.name}: no GPU seen: one CPU process (--nproc-per-node for more)")
             nodes.append(node)
             continue

@@ -97,6 +97,8 @@ def render(inv: Inventory, gpus: Mapping[str, Gpus], ssh_addresses: Mapping[str,
             lines.append(f"    gpus: [{', '.join(map(str, node.gpus))}]   # from --gpus")
         elif g and g.indices:
             lines.append(f"    gpus: [{', '.join(map(str, g.indices))}]" + (f"   # {g.model}" if g.model else ""))
+        elif g is not None:
+            lines.append("    gpus: 0   # none found: one CPU process unless nproc_per_node says more")
         if node.nproc_per_node:
             lines.append(f"    nproc_per_node: {node.nproc_per_node}")
         if node.nics:

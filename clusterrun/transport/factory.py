@@ -1,4 +1,4 @@
-"""Open one transport per node: local nodes run subprocesses, the others get an SSH transport."""
+"""Open one transport per node: local nodes run subprocesses, srun nodes Slurm job steps, the others SSH."""
 
 from __future__ import annotations
 
@@ -13,8 +13,13 @@ from clusterrun.transport.local import LocalTransport
 
 def transport_for(inv: Inventory, node: Node, **ssh_options: Any) -> Transport:
     """The node's transport; an SSH connection is opened lazily by the transport itself."""
-    if inv.transport_of(node) is TransportKind.local:
+    kind = inv.transport_of(node)
+    if kind is TransportKind.local:
         return LocalTransport(node.name)
+    if kind is TransportKind.srun:
+        from clusterrun.transport.srun import SrunTransport
+
+        return SrunTransport(node.name, node.host)
     from clusterrun.transport.ssh import SshTransport
 
     return SshTransport(node.name, node.host, inv.ssh_of(node), **ssh_options)
