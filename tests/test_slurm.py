@@ -318,3 +318,19 @@ def test_an_aborted_step_that_stays_is_cancelled(bed: SlurmBed, allocation: dict
     assert stream.wait(15.0) is not None  # the step was cancelled: srun ended
     _assert_nothing_left(bed, "sleep 61", allocation["SLURM_JOB_ID"])
 
+
+
+def test_an_exported_batch_script_runs_to_completion_with_sbatch(bed: SlurmBed, tmp_path: Path) -> None:
+    """`clusterrun export sbatch` for 2 nodes x 2 ranks, submitted with `sbatch --wait`: every rank all-reduces
+    over the data NIC the plan names and reports; the batch job ends COMPLETED."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    done = _clusterrun(bed, "export", "sbatch", "--slurm", "node[0-1]", "--data-nic", "eth1", "--nproc-per-node", "2",
+                       "-o", "job.sbatch", "worker.py", cwd=tmp_path, extra={"SLURM_JOB_ID": ""})
+    assert done.returncode == 0, done.stderr
+    submitted = bed.client(["sbatch", "--wait", f"--chdir={tmp_path}", str(tmp_path / "job.sbatch")], timeout=120,
+                           check=False)
+    outputs = "".join(p.read_text() for p in tmp_path.glob("*.out"))
+    assert submitted.returncode == 0, submitted.stderr + outputs[-3000:]
+    got = _reports(outputs)
+    assert sorted(int(r["RANK"]) for r in got) == [0, 1, 2, 3]
+    assert {r["sum"] for r in got} == {10.0} and {r["GLOO_SOCKET_IFNAME"] for r in got} == {"eth1"}
