@@ -188,7 +188,7 @@ class _Run:
         left out (with ``--min-nodes``) and the others are checked again; otherwise :class:`StartError`."""
         for _ in range(len(self.inv.nodes) + 1):
             self._open(plan)
-            if any(n.transport is TransportKind.ssh for n in plan.nodes):
+            if any(n.transport is not TransportKind.local for n in plan.nodes):
                 self.console.info(f"checking {plan.nnodes} node(s)...")
             try:
                 ready = check_ready(plan, self.transports)
