@@ -23,7 +23,7 @@ Examples:
   clusterrun plan --nproc-per-node 4 -e NCCL_DEBUG=INFO cluster.yaml -m mypkg.train""",
 )
 @job_options
-@click.option("--probe", is_flag=True, help="Connect to the nodes and complete the plan with their NICs "
+@click.option("--probe", is_flag=True, help="Connect to the nodes and complete the plan with their NICs and GPUs "
               "(what `up` does); values that came from the nodes are marked.")
 @with_job
 def plan(inv: Any, plan: Any, runs_dir: Any, as_json: bool, probe: bool) -> int:
@@ -35,7 +35,7 @@ def plan(inv: Any, plan: Any, runs_dir: Any, as_json: bool, probe: bool) -> int:
     """
     from clusterrun.cli.render import plan_json, print_plan
 
-    if probe and plan.nnodes > 1:  # one node's ranks talk over loopback: nothing to probe
+    if probe:  # the nodes' NICs (one node's ranks talk over loopback) and the GPUs each one sees
         from clusterrun.launch.replan import gather, plan_with_facts
         from clusterrun.transport.factory import open_transports
 

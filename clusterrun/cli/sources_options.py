@@ -33,7 +33,7 @@ def source_options(func: F) -> F:
         click.option("--slurm", is_flag=False, flag_value="", default=None, metavar="[NODELIST]",
                      help="Nodes from a Slurm host list (gpu[01-04]); alone, from SLURM_JOB_NODELIST."),
         click.option("--gpus", metavar="LIST", help="With --ips/--hostfile/--slurm: GPU indices on every node, "
-                     "e.g. 0,1,2,3 or 0-7."),
+                     "e.g. 0,1,2,3 or 0-7 (default: every GPU each node sees, one process each)."),
         click.option("--ssh-user", metavar="USER", help="With --ips/--hostfile/--slurm: the SSH user."),
         click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="FILE",
                      help="With --ips/--hostfile/--slurm: an ssh_config to read instead of ~/.ssh/config."),

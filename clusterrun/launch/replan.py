@@ -35,8 +35,9 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, N
         line = next((x for x in res.stdout.splitlines() if x.startswith("CLUSTERRUN-FACTS ")), None)
         if line is None:
             raise ClusterrunError(f"probing with {node.python} failed (exit {res.exit_code}): {res.tail(2) or 'no output'}")
-        return NodeReady(node.name, net=json.loads(line.split(" ", 1)[1]).get("net"),
-                         ssh_address=transports[node.name].peer_address())
+        facts = json.loads(line.split(" ", 1)[1])
+        return NodeReady(node.name, net=facts.get("net"), ssh_address=transports[node.name].peer_address(),
+                         gpus=facts.get("gpus"))
 
     out, problems = on_every_node(plan.nodes, lambda n: n.name, one, "facts")
     if problems:

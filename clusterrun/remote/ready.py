@@ -131,7 +131,7 @@ def main(argv):
         print("CLUSTERRUN-PREFLIGHT " + json.dumps(check(json.loads(base64.b64decode(argv[1])))))
         return 0
     if argv[:1] == ["facts"]:
-        print("CLUSTERRUN-FACTS " + json.dumps({"net": net_facts()}))
+        print("CLUSTERRUN-FACTS " + json.dumps({"net": net_facts(), "gpus": visible_gpus()}))
         return 0
     sys.stderr.write("usage: ready.py check SPEC_B64 | facts\n")
     return 2
