@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -48,8 +48,8 @@ from clusterrun.transport.base import (
     shell_command,
     shell_path,
 )
+from clusterrun.transport.local import LocalStream
 
-_STDERR_KEEP = 64 * 1024
 #: How long an aborted stream's srun may stay after its stdin closed (the agent's stop grace and the
 #: last logs fit well within) before its step is cancelled.
 ABORT_GRACE_S = 60.0
@@ -108,52 +108,19 @@ def _srun_failure(stderr: str) -> str | None:
     return None
 
 
-class SrunStream(Stream):
-    """A started step: srun's stdout and stdin are the command's."""
+class SrunStream(LocalStream):
+    """A started step: srun's stdout and stdin are the command's (read and written as a local process's)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], cancel_step: Callable[[], None],
                  abort_grace: float = ABORT_GRACE_S) -> None:
-        self._proc = proc
+        super().__init__(proc)
         self._cancel_step = cancel_step
         self._abort_grace = abort_grace
-        self._stderr = bytearray()
-        self._lock = threading.Lock()
         self._aborted = False
-        self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True, name="srun-stderr")
-        self._stderr_thread.start()
-
-    def _drain_stderr(self) -> None:
-        assert self._proc.stderr is not None
-        for chunk in iter(lambda: self._proc.stderr.read1(4096), b""):  # type: ignore[union-attr]
-            self._stderr += chunk
-            del self._stderr[:-_STDERR_KEEP]
-
-    def chunks(self) -> Iterator[bytes]:
-        stdout = self._proc.stdout
-        assert stdout is not None
-        yield from iter(lambda: stdout.read1(1 << 18), b"")  # type: ignore[attr-defined]
-
-    def send(self, text: str) -> bool:
-        with self._lock:
-            try:
-                assert self._proc.stdin is not None
-                self._proc.stdin.write(text.encode())
-                self._proc.stdin.flush()
-                return True
-            except (OSError, ValueError):
-                return False
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            return self._proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
 
     def abort(self) -> None:
+        super().abort()  # stdin closed: the agent reads EOF and stops the job
         with self._lock:
-            if self._proc.stdin and not self._proc.stdin.closed:
-                with contextlib.suppress(OSError):
-                    self._proc.stdin.close()  # the agent reads EOF and stops the job
             if self._aborted or self._proc.poll() is not None:
                 return
             self._aborted = True
