@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from simjobs import clusterrun_env, status, the_run
 from slurmbed import SlurmBed
+from test_ssh_up import _wait_for_lines
 
 from clusterrun.errors import CommandTimeout, ConnectError, UsageError
 from clusterrun.inventory.models import Transport
@@ -225,25 +226,6 @@ def test_a_failing_rank_stops_every_node_with_its_exit_code(bed: SlurmBed, alloc
     assert st["first_failure"]["node"] == "node2" and st["first_failure"]["rank"] == 5
     assert st["nodes"]["node0"]["ranks"]["0"]["state"] == "stopped"
     _assert_nothing_left(bed, run.name, allocation["SLURM_JOB_ID"])
-
-
-def _wait_for_lines(proc: subprocess.Popen[str], count: int, needle: str, timeout: float = 60.0) -> None:
-    import select
-
-    seen, buf = 0, b""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    deadline = time.monotonic() + timeout
-    while seen < count and time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            break
-        *lines, buf = (buf + chunk).split(b"\n")
-        seen += sum(needle.encode() in line for line in lines)
-    assert seen == count, f"saw {seen} of {count} '{needle}' lines"
 
 
 @pytest.mark.cluster

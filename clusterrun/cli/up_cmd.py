@@ -122,9 +122,9 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
                                           on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang)
     run = inv.run
     restarts = RestartSettings(
-        max_restarts=max_restarts if max_restarts is not None else getattr(run, "max_restarts", 0),
-        min_nodes=min_nodes if min_nodes is not None else getattr(run, "min_nodes", None),
-        backoff=restart_backoff if restart_backoff is not None else getattr(run, "restart_backoff", 5.0))
+        max_restarts=max_restarts if max_restarts is not None else run.max_restarts,
+        min_nodes=min_nodes if min_nodes is not None else run.min_nodes,
+        backoff=restart_backoff if restart_backoff is not None else run.restart_backoff)
     if detach and (restarts.max_restarts or restarts.min_nodes):
         from clusterrun.errors import UsageError
 

@@ -81,16 +81,15 @@ def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeRe
 
 
 def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, LaunchPlan]:
-    """The inventory completed with the nodes' network facts, and the plan made from it.
-
-    A single-node plan is returned as it is (its ranks talk over loopback). Raises :class:`StartError`
+    """The inventory completed with the nodes' network facts (and the GPUs of nodes nobody listed them for, see
+    :func:`with_found_gpus`), and the plan made from it. A single node's NICs are not looked at (its ranks talk
+    over loopback). Raises :class:`StartError`
     naming each node whose listed NICs, addresses or RDMA ports are not what the node has.
     """
     inv, found = with_found_gpus(inv, plan, ready)
-    if found:
-        plan = dataclasses.replace(build_plan(inv, plan.job), probed=(*plan.probed, *found))
     if plan.nnodes < 2:
-        return inv, plan
+        return inv, (dataclasses.replace(build_plan(inv, plan.job), probed=(*plan.probed, *found)) if found
+                     else plan)
     facts, unknown, ssh = read_facts(ready)
     result = reconcile(inv, facts)
     if result.problems:

@@ -25,7 +25,7 @@ from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, build_plan
 from clusterrun.runs import RunDir, RunState, new_run_id
 from clusterrun.transport.base import Transport
-from clusterrun.transport.factory import open_transports
+from clusterrun.transport.factory import transport_for
 
 PREFLIGHT_MODES = ("quick", "full", "off")
 PATH_HINT = ("no node was started; `clusterrun doctor <inventory> --checks net` shows more; `--preflight off` skips "
@@ -148,7 +148,7 @@ class _Run:
         self.inv, self.run_dir, self.console, self.settings = inv, run_dir, console, settings
         self.preflight_mode, self.full_check, self.restarts, self.notifier = preflight_mode, full_check, restarts, notifier
         self.transports: dict[str, Transport] = {}
-        self.spares = [n.name for n in inv.nodes if getattr(n, "spare", False)]
+        self.spares = [n.name for n in inv.nodes if n.spare]
         self.attempts: list[Attempt] = []
 
     def first(self, plan: LaunchPlan, detach: bool) -> tuple[RunOutcome | None, RunDir]:
@@ -312,14 +312,16 @@ class _Run:
         """The inventory with the given nodes, in this order (spares become ordinary nodes)."""
         by_name = {n.name: n for n in self.inv.nodes}
         nodes = [by_name[name] for name in names]
-        if any(getattr(n, "spare", False) for n in nodes):
+        if any(n.spare for n in nodes):
             nodes = [n.model_copy(update={"spare": False}) for n in nodes]
         return self.inv.model_copy(update={"nodes": nodes})
 
     def _open(self, plan: LaunchPlan) -> None:
-        missing = [n for n in plan.nodes if n.name not in self.transports]
-        if missing:
-            self.transports.update(open_transports(self.inv, plan))
+        """A transport for each node of ``plan`` that has none yet (a spare joining); open ones are kept."""
+        nodes = {n.name: n for n in self.inv.nodes}
+        for node in plan.nodes:
+            if node.name not in self.transports:
+                self.transports[node.name] = transport_for(self.inv, nodes[node.name])
 
     def _attempts_fields(self) -> dict[str, object]:
         if len(self.attempts) < 2 and not self.restarts.max_restarts:
