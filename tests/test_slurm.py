@@ -148,7 +148,15 @@ def _clusterrun(bed: SlurmBed, *args: str, cwd: Path, extra: dict[str, str] | No
 
 
 def _reports(stdout: str) -> list[dict]:
-    return [json.loads(line.split("REPORT ", 1)[1]) for line in stdout.splitlines() if "REPORT " in line]
+    """Every ``REPORT {json}`` in the output. A batch job's output file holds the lines of every node's task as
+    srun passed them on, and a line may arrive glued to the end of another node's, so each report is read
+    from where it starts to where its JSON ends, not line by line."""
+    decoder, found, at = json.JSONDecoder(), [], stdout.find("REPORT {")
+    while at >= 0:
+        report, end = decoder.raw_decode(stdout, at + len("REPORT "))
+        found.append(report)
+        at = stdout.find("REPORT {", end)
+    return found
 
 
 def _our_sruns() -> list[str]:
