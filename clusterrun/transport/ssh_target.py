@@ -11,6 +11,7 @@ and ``%p`` in ``ProxyCommand`` or ``ProxyJump`` expand to them.
 
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import os
@@ -124,10 +125,15 @@ def _words(text: str, origin: Origin) -> list[str]:
     return words
 
 
+@functools.lru_cache(maxsize=4096)
+def _pattern(pattern: str) -> re.Pattern[str]:
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower()),
+                      re.DOTALL)
+
+
 def _pattern_matches(pattern: str, text: str) -> bool:
     """OpenSSH's wildcard match: ``*`` and ``?`` only (``[`` is an ordinary character), case-insensitive."""
-    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower())
-    return re.fullmatch(regex, text.lower(), re.DOTALL) is not None
+    return _pattern(pattern).fullmatch(text.lower()) is not None
 
 
 def matches_pattern_list(patterns: list[str], text: str) -> bool:
@@ -195,25 +201,8 @@ class _Lookup:
         return result
 
     def read(self, path: Path, *, system: bool, active: bool, never_match: bool, depth: int) -> None:
-        if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
-            raise UsageError(f"{path}: is not a regular file, so not read as an ssh_config")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{path}: cannot read this ssh_config: {exc}") from None
-        for lineno, line in enumerate(text.splitlines(), 1):
-            stripped = line.strip()
-            if not stripped or stripped.startswith("#"):
-                continue
-            origin = Origin(str(path), lineno)
-            parsed = _KEYWORD.fullmatch(stripped)
-            if parsed is None:
-                raise UsageError(f"{origin}: cannot read this ssh_config line: {stripped}")
-            keyword, rest = parsed.group(1).lower(), parsed.group(2)
+        for origin, keyword, rest, patterns in _config_lines(path):
             if keyword == "host":
-                patterns = _words(rest, origin)
-                if not patterns:
-                    raise UsageError(f"{origin}: Host needs at least one pattern")
                 active = not never_match and matches_pattern_list(patterns, self.host)
             elif keyword == "match":
                 matched = self.match(rest, origin)
@@ -257,6 +246,52 @@ class _Lookup:
                                      None if value.lower() == "none" else value, origin)
         elif keyword not in config.values:
             config.values[keyword] = (value, origin)
+
+
+_ConfigLine = tuple[Origin, str, str, list[str]]  # where, keyword (lower case), the rest, Host's patterns
+_parsed: dict[tuple[str, int, int], list[_ConfigLine]] = {}
+_parsed_lock = threading.Lock()
+
+
+def _config_lines(path: Path) -> list[_ConfigLine]:
+    """The lines of one ssh_config file that say something, split once per version of the file: every node of
+    a large inventory looks itself up in the same files, and each lookup walks every Host line."""
+    try:
+        info = path.stat()
+    except OSError:
+        info = None
+    if info is not None and not path.is_file():  # a FIFO or a device would block or never end
+        raise UsageError(f"{path}: is not a regular file, so not read as an ssh_config")
+    key = (str(path), info.st_mtime_ns, info.st_size) if info is not None else None
+    with _parsed_lock:
+        if key is not None and key in _parsed:
+            return _parsed[key]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read this ssh_config: {exc}") from None
+    lines: list[_ConfigLine] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        origin = Origin(str(path), lineno)
+        parsed = _KEYWORD.fullmatch(stripped)
+        if parsed is None:
+            raise UsageError(f"{origin}: cannot read this ssh_config line: {stripped}")
+        keyword, rest = parsed.group(1).lower(), parsed.group(2)
+        patterns: list[str] = []
+        if keyword == "host":
+            patterns = _words(rest, origin)
+            if not patterns:
+                raise UsageError(f"{origin}: Host needs at least one pattern")
+        lines.append((origin, keyword, rest, patterns))
+    if key is not None:
+        with _parsed_lock:
+            if len(_parsed) > 64:
+                _parsed.clear()
+            _parsed[key] = lines
+    return lines
 
 
 def config_files(config_file: str | None) -> list[tuple[Path, bool]]:
