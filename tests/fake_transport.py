@@ -50,7 +50,7 @@ class FakeStream(Stream):
         self._rc: int | None = None
         self._answer_pings = True
         self._deadline = time.monotonic() + lifetime
-        self.expects_spec = False  # the command is `agent.py run -`: its first line of stdin is the spec
+        self.expects_spec = False  # the command is `agent.py prepare`: the spec comes with `go`
         self.spec_line: str | None = None
 
     # ------------------------------------------------ clusterrun's side (the Stream protocol)
@@ -76,8 +76,8 @@ class FakeStream(Stream):
             if self._ended or self._aborted:
                 return False
             for line in text.splitlines():
-                if self.expects_spec and self.spec_line is None:
-                    self.spec_line = line  # `agent.py run -` reads its spec first, from stdin
+                if self.expects_spec and self.spec_line is None and line.startswith("go "):
+                    self.spec_line = line[3:]  # `agent.py prepare` gets its run's spec with `go`
                     continue
                 self.sent.append(line)
                 self._commands.append(line)
@@ -171,7 +171,7 @@ class FakeAgent:
 
     @property
     def spec(self) -> dict[str, Any]:
-        """The agent spec clusterrun sent (first line of stdin for ``agent.py run -``), waited for up to 5 s."""
+        """The agent spec clusterrun sent (with ``go`` to ``agent.py prepare``), waited for up to 5 s."""
         if not self.stream.expects_spec:
             return {}
         with self.stream._cond:
@@ -295,7 +295,7 @@ class FakeTransport(Transport):
         if self.start_error is not None:
             raise self.start_error
         stream = FakeStream(self.lifetime)
-        stream.expects_spec = list(argv[-2:]) == ["run", "-"]
+        stream.expects_spec = list(argv[-1:]) == ["prepare"]
         agent = FakeAgent(self.node, stream, argv, env, cwd)
         self.agents.append(agent)
         self._started.set()

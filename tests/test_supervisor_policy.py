@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from fake_transport import FakeAgent, FakeTransport
 
-from clusterrun.errors import EXIT_TIMEOUT, StartError, TransportError
+from clusterrun.errors import EXIT_TIMEOUT, StartError
 from clusterrun.inventory.yaml_source import parse_inventory_text
+from clusterrun.launch.agent_link import open_link
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
@@ -51,7 +52,8 @@ class Harness:
         self.run_dir = RunDir.create(tmp_path / "runs", self.plan.run_id)
         self.out, self.err = io.StringIO(), io.StringIO()
         self.settings = SupervisorSettings(**{**FAST, **settings})
-        self.sup = Supervisor(self.plan, self.transports, self.run_dir, Console(self.out, self.err, color=False),
+        links = {n.name: open_link(self.transports[n.name], n) for n in self.plan.nodes}
+        self.sup = Supervisor(self.plan, links, self.run_dir, Console(self.out, self.err, color=False),
                               self.settings)
 
     def run(self) -> RunOutcome:
@@ -381,20 +383,25 @@ def test_exit_event_claiming_more_than_arrived_leaves_a_gap(tmp_path: Path) -> N
     assert c.log(node(1), 2) == "one\ntwo\n"
 
 
-def test_node_that_cannot_be_started_starts_nothing(tmp_path: Path) -> None:
+def test_node_whose_agent_is_gone_before_go_starts_nothing(tmp_path: Path) -> None:
+    """The agents were started by the ready check; one's connection broke before the job's `go`: the run does not
+    start, and every other node's agent is dropped."""
     def waits_to_be_dropped(agent: FakeAgent) -> None:
-        agent.started()
-        assert agent.wait_dropped(T), "clusterrun kept the started node when another could not start"
+        assert agent.wait_dropped(T), "clusterrun kept the other node's agent when one could not be told to start"
 
-    c = Harness(tmp_path, {node(0): waits_to_be_dropped, node(1): finishes})
-    c.transports[node(1)].start_error = TransportError(node(1), "ssh 10.0.0.2:22 refused the connection")
+    def breaks(agent: FakeAgent) -> None:
+        agent.stderr("Connection to 10.0.0.2 closed by remote host.")
+        agent.close()
+
+    c = Harness(tmp_path, {node(0): waits_to_be_dropped, node(1): breaks})
+    assert c.transports[node(1)].agents[0].stream.wait(T) == 255  # its connection is gone before `go`
 
     with pytest.raises(StartError) as raised:
         c.sup.run()
     c.check_scripts()
 
-    assert raised.value.problems == {node(1): "ssh 10.0.0.2:22 refused the connection"}
-    assert c.transports[node(0)].agents[0].dropped
+    assert raised.value.problems == {node(1): "the node agent's connection closed before it got the run's spec"}
+    assert c.transports[node(0)].agents[0].dropped  # its agent stops whatever it started once dropped
 
 
 def test_inventory_run_settings_apply_unless_a_flag_is_given() -> None:

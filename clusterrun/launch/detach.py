@@ -8,47 +8,44 @@ reads the logs from the nodes, ``clusterrun down RUN`` stops the run on every no
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Mapping
 
-from clusterrun.errors import NodeNotReady, StartError
-from clusterrun.launch.agent_cmd import agent_spec, start_agent
-from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.errors import ClusterrunError, NodeNotReady, StartError
+from clusterrun.launch.agent_link import AgentLink, agent_spec
+from clusterrun.plan import LaunchPlan
 from clusterrun.remote import protocol
-from clusterrun.remote.protocol import frames
-from clusterrun.transport.base import Transport
-from clusterrun.transport.fanout import on_every_node
 
 START_TIMEOUT = 60.0
 
 
-def start_detached(plan: LaunchPlan, transports: Mapping[str, Transport],
+def start_detached(plan: LaunchPlan, links: Mapping[str, AgentLink],
                    stage: Mapping[str, list[tuple[str, str, str]]], grace: float) -> dict[str, float]:
     """``{node: when its torchrun started}``. Raises :class:`StartError` (after stopping what did start)."""
-
-    def one(node: NodePlan) -> float:
+    problems: dict[str, str] = {}
+    for node in plan.nodes:
         spec = agent_spec(node, plan.run_id, grace=grace, heartbeat_timeout=0, stage=stage.get(node.name),
                           detached=True, script_args=len(plan.job.args))
-        stream = start_agent(transports[node.name], node, spec)
-        # The stream is dropped at the deadline whether or not anything arrives: the read below ends then.
-        timer = threading.Timer(START_TIMEOUT, stream.abort)
-        timer.daemon = True
-        timer.start()
         try:
-            for frame in frames(stream.chunks()):
-                event = frame.event
-                if event.get("ev") == protocol.STARTED:
-                    return float(event.get("time") or time.time())
-                if event.get("ev") in (protocol.ERROR, protocol.EXIT):
-                    raise NodeNotReady(node.name, event.get("text") or event.get("reason") or "torchrun did not start")
-            raise NodeNotReady(node.name, f"the node agent did not start torchrun within {START_TIMEOUT:g}s: "
-                                          f"{stream.stderr_text().strip()[-200:] or 'no output'}")
+            links[node.name].go(spec)
+        except ClusterrunError as exc:
+            problems[node.name] = getattr(exc, "reason", str(exc))
+    deadline = time.monotonic() + START_TIMEOUT
+    launched: dict[str, float] = {}
+    for node in plan.nodes:
+        link = links[node.name]
+        try:
+            if node.name in problems:
+                continue
+            event = link.answer((protocol.STARTED, protocol.ERROR, protocol.EXIT), deadline)
+            if event.get("ev") == protocol.STARTED:
+                launched[node.name] = float(event.get("time") or time.time())
+            else:
+                raise NodeNotReady(node.name, event.get("text") or event.get("reason") or "torchrun did not start")
+        except ClusterrunError as exc:
+            problems[node.name] = getattr(exc, "reason", str(exc))
         finally:
-            timer.cancel()
-            stream.abort()  # a detached agent carries on without this connection
-
-    launched, problems = on_every_node(plan.nodes, lambda n: n.name, one, "detach")
+            link.abort()  # a detached agent carries on without this connection
     if problems:
         raise StartError(problems, hint=f"the nodes that did start are still running it: `clusterrun down "
                                         f"{plan.run_id}` stops them")

@@ -1,17 +1,17 @@
 """The ready check (the first step of `up`): every node in parallel proves it can run the job, and gets the files it lacks.
 
-One command per node, through the node's own python: it proves the interpreter exists and
-has torch with torchrun (found, not imported: ``clusterrun doctor`` imports it), creates the
-run directory, checks that the master port is free on rank 0, and reports which staged files the node's content cache lacks. Missing files are then copied
-(only those: a second `up` of the same script copies nothing) and the node agent places them
-in the run directory. If any node fails, :class:`StartError` lists every problem and nothing
-is started anywhere.
+It is the first thing the node's agent does (one program per node: :mod:`clusterrun.launch.agent_link`):
+through the node's own python it proves the interpreter exists and has torch with torchrun (found, not
+imported: ``clusterrun doctor`` imports it), creates the run directory, checks that the master port is free
+on rank 0, reports the node's NICs and GPUs, and which staged files the node's content cache lacks. Missing
+files are then copied (only those: a second `up` of the same script copies nothing) and the agent places
+them in the run directory when the job starts. If any node fails, :class:`StartError` lists every problem,
+every agent is dropped, and nothing is started anywhere.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import posixpath
 from collections.abc import Mapping
@@ -19,19 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterrun import remote
 from clusterrun.errors import NodeNotReady, NoTorch, PythonNotFound, StartError
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.launch.agent_cmd import encode_spec
+from clusterrun.launch.agent_link import AgentLink, abort_all, encode_spec, open_link
 from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.remote import session
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import on_every_node
 
 #: Content-addressed copies of staged files on each node (by sha256).
 REMOTE_CACHE = "~/.clusterrun/cache"
 PREFLIGHT_TIMEOUT = 60.0
-
-
+#: How long a node's agent waits for clusterrun between two steps before the job (``--preflight full`` runs
+#: doctor's network checks in between) before it gives up and ends.
+IDLE_TIMEOUT = 1800.0
 
 @dataclass(frozen=True)
 class StagedFile:
@@ -51,6 +52,7 @@ class NodeReady:
     net: dict[str, Any] | None = None  # the node's network facts, raw (see clusterrun.facts.nics)
     ssh_address: str | None = None  # the address SSH reached the node at
     gpus: int | None = None  # the NVIDIA GPUs a process there sees (None: not reported)
+    link: AgentLink | None = field(default=None, repr=False, compare=False)  # the node's agent, waiting for `go`
 
 
 def _sha256(path: Path) -> str:
@@ -110,40 +112,56 @@ def files_to_stage(plan: LaunchPlan, node: NodePlan) -> list[StagedFile]:
     return staged
 
 
+def _no_python(node: NodePlan, link: AgentLink) -> bool:
+    """The agent could not even start: the shell found no such interpreter (exit 127)."""
+    return link.stream.wait(0.5) == 127 or any("not found" in line for line in link.stderr_text().splitlines()[-3:])
+
+
 def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> NodeReady:
     spec = {"run_dir": node.run_dir, "cache": REMOTE_CACHE, "hashes": sorted({f.digest for f in staged}),
-            "port": plan.master_port if node.node_rank == 0 else None}
-    argv = remote.argv(node.python, "ready", "check", encode_spec(spec))
-    result = transport.run(argv, timeout=PREFLIGHT_TIMEOUT)
-    marker = next((line for line in result.stdout.splitlines() if line.startswith("CLUSTERRUN-PREFLIGHT ")), None)
-    if marker is None:
-        if result.exit_code == 127:
-            raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; give an interpreter that "
-                                            "exists there with --python PATH or `python` in the inventory (an "
-                                            "absolute path is safest)")
-        raise NodeNotReady(node.name, f"the node check failed (exit {result.exit_code}): "
-                                      f"{result.tail(3) or 'no output'}")
-    report = json.loads(marker.split(" ", 1)[1])
-    if report["problems"]:
-        kind = NoTorch if report.get("no_torch") else NodeNotReady
-        raise kind(node.name, "; ".join(report["problems"]))
-    ready = NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
-                      ssh_address=transport.peer_address(), gpus=report.get("gpus"))
-    for f in staged:
-        cached = posixpath.join(REMOTE_CACHE, f.digest)
-        if f.digest in report["missing"]:
-            transport.put(f.local, cached)
-            ready.copied.append(str(f.local))
-        ready.stage.append((cached, f.dest, f.kind))
-    return ready
+            "port": plan.master_port if node.node_rank == 0 else None, "idle": IDLE_TIMEOUT}
+    link = open_link(transport, node)
+    try:
+        try:
+            report = link.ask(session.CHECK, encode_spec(spec), (session.READY,), PREFLIGHT_TIMEOUT)["report"]
+        except NodeNotReady:
+            raise
+        except Exception as exc:
+            if _no_python(node, link):
+                raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; give an interpreter "
+                                                "that exists there with --python PATH or `python` in the inventory "
+                                                "(an absolute path is safest)") from None
+            raise NodeNotReady(node.name, f"the node check failed: {getattr(exc, 'reason', exc)}") from None
+        if report["problems"]:
+            kind = NoTorch if report.get("no_torch") else NodeNotReady
+            raise kind(node.name, "; ".join(report["problems"]))
+        ready = NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
+                          ssh_address=transport.peer_address(), gpus=report.get("gpus"), link=link)
+        for f in staged:
+            cached = posixpath.join(REMOTE_CACHE, f.digest)
+            if f.digest in report["missing"]:
+                transport.put(f.local, cached)
+                ready.copied.append(str(f.local))
+            ready.stage.append((cached, f.dest, f.kind))
+        return ready
+    except BaseException:
+        link.abort()
+        raise
 
 
 def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
-    """Check and stage every node in parallel. Raises :class:`StartError` naming every node that failed."""
+    """Start every node's agent, check and stage every node in parallel. Raises :class:`StartError` naming every
+    node that failed (after dropping every agent: nothing waits on a node for a job that will not come)."""
     staged = {node.name: files_to_stage(plan, node) for node in plan.nodes}
     ready, problems = on_every_node(plan.nodes, lambda n: n.name,
                                     lambda n: _check_node(plan, n, transports[n.name], staged[n.name]), "preflight")
     if problems:
+        drop(ready)
         raise StartError(problems, hint="fix the above (`clusterrun plan` shows what each node would run); "
                                         "no node was started")
     return ready
+
+
+def drop(ready: Mapping[str, NodeReady]) -> None:
+    """End the agents of ``ready`` that were never told to start (their job will not come)."""
+    abort_all(r.link for r in ready.values() if r.link is not None)

@@ -22,7 +22,7 @@ from typing import Any
 
 from clusterrun import remote
 from clusterrun.errors import ClusterrunError, CommandTimeout
-from clusterrun.launch.agent_cmd import encode_spec
+from clusterrun.launch.agent_link import encode_spec
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
 from clusterrun.launch.relay import LogRelay

@@ -1,8 +1,9 @@
 """Run a launch plan on its nodes and supervise it to the end.
 
-One node agent per node (see :mod:`clusterrun.remote.agent`) is started in
-parallel; a reader thread per node turns the agent's output into frames (events,
-rank output as raw payloads) on a bounded queue; the calling thread alone writes
+Each node's agent was started by the ready check and waits (see
+:mod:`clusterrun.launch.agent_link`); ``go`` starts the job on every node, and the
+reader thread of each node's link turns the agent's output into frames (events,
+rank output as raw payloads) on one bounded queue; the calling thread alone writes
 logs and the terminal (:class:`~clusterrun.launch.relay.LogRelay`), so lines are
 never split or mixed. The end of a node is a handshake: its agent sends every byte
 of every rank file, then its ``exit`` event with each file's size, then closes the
@@ -25,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusterrun import remote
-from clusterrun.errors import EXIT_TIMEOUT, StartError
+from clusterrun.errors import EXIT_TIMEOUT, ClusterrunError, StartError
 from clusterrun.inventory.models import RunSettings
-from clusterrun.launch.agent_cmd import agent_spec, start_agent
+from clusterrun.launch.agent_link import AgentLink, agent_spec
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
 from clusterrun.launch.relay import LogRelay
@@ -35,14 +36,10 @@ from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathWatc
 from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import protocol
-from clusterrun.remote.protocol import Frame, FrameDecoder
+from clusterrun.remote.protocol import Frame
 from clusterrun.runs import RunDir, RunState
-from clusterrun.transport.base import Stream, Transport
-from clusterrun.transport.fanout import fan_out
 
 log = logging.getLogger(__name__)
-
-_EOF = object()
 
 
 @dataclass(frozen=True)
@@ -74,17 +71,17 @@ class SupervisorSettings:
 
 
 class Supervisor:
-    def __init__(self, plan: LaunchPlan, transports: Mapping[str, Transport], run_dir: RunDir,
+    def __init__(self, plan: LaunchPlan, links: Mapping[str, AgentLink], run_dir: RunDir,
                  console: Console, settings: SupervisorSettings | None = None,
                  stage: Mapping[str, list[tuple[str, str]]] | None = None, notifier: Notifier | None = None) -> None:
         self.plan = plan
-        self.transports = transports
+        self.links = links
         self.run_dir = run_dir
         self.console = console
         self.settings = settings or SupervisorSettings()
         self.notifier = notifier
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.settings.queue_size)
-        self._streams: dict[str, Stream] = {}
+        self._streams: dict[str, AgentLink] = {}
         self._ended: set[str] = set()
         self.relay = LogRelay(run_dir, console, {n.name: n.run_dir for n in plan.nodes})
         self._stop_sent_at: float | None = None
@@ -114,7 +111,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ start
 
-    def _start_one(self, node: NodePlan) -> Stream:
+    def _spec(self, node: NodePlan) -> dict[str, Any]:
         spec = agent_spec(node, self.plan.run_id, grace=self.settings.grace,
                           heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name),
                           script_args=len(self.plan.job.args))
@@ -127,32 +124,26 @@ class Supervisor:
         if self.watch is not None:
             spec["watch"] = {"address": node.data_address, "nic": node.data_nic,
                              "interval": self.settings.watch_interval, "dead_after": self.settings.watch_dead_after}
-        return start_agent(self.transports[node.name], node, spec)
+        return spec
 
     def _start_all(self) -> None:
-        got = fan_out(self.plan.nodes, lambda n: n.name, self._start_one, label="start",
-                      deadline=self.settings.start_timeout)
-        self._streams.update(got.results)
-        if not got.ok:
-            for stream in self._streams.values():
-                stream.abort()
-            raise StartError(got.problems)
+        """``go`` to every node's waiting agent: their frames come to the event queue from now on."""
+        problems: dict[str, str] = {}
+        for node in self.plan.nodes:
+            link = self.links[node.name]
+            link.hand_over(self._events)
+            self._streams[node.name] = link
+            try:
+                link.go(self._spec(node))
+            except ClusterrunError as exc:  # a node that cannot be told is reported, the others stopped
+                problems[node.name] = getattr(exc, "reason", str(exc))
+        if problems:
+            for link in self._streams.values():
+                link.abort()
+            raise StartError(problems)
         now = time.time()
         for node in self.outcome.nodes.values():
             node.started = now
-
-    def _pump(self, name: str, stream: Stream) -> None:
-        decoder = FrameDecoder()
-        try:
-            for chunk in stream.chunks():
-                for frame in decoder.feed(chunk):
-                    self._events.put((name, frame))
-            for frame in decoder.close():
-                self._events.put((name, frame))
-        except Exception as exc:
-            self._events.put((name, Frame({"ev": protocol.STREAM_ERROR, "text": str(exc)})))
-        finally:
-            self._events.put((name, _EOF))
 
     # ------------------------------------------------------------ events
 
@@ -160,7 +151,7 @@ class Supervisor:
         node = self.outcome.nodes[name]
         now = time.monotonic()
         self._last_heard[name] = now
-        if not isinstance(item, Frame):  # _EOF: the stream ended
+        if not isinstance(item, Frame):  # EOF: the stream ended
             self._ended.add(name)
             if node.ended is None:
                 tail = self._streams[name].stderr_text().strip().splitlines()[-3:]
@@ -299,21 +290,16 @@ class Supervisor:
     def run(self) -> RunOutcome:
         """Start, supervise, stop. Returns the outcome; raises StartError when nothing could be started."""
         previous = self._install_signals()
-        readers: list[threading.Thread] = []
         try:
             self._start_all()
-            for name, stream in self._streams.items():
-                t = threading.Thread(target=self._pump, args=(name, stream), daemon=True, name=f"read-{name}")
-                t.start()
-                readers.append(t)
             self._loop()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             for stream in self._streams.values():
                 stream.abort()
-            for t in readers:
-                t.join(timeout=2.0)
+            for stream in self._streams.values():
+                stream.join(timeout=2.0)
             self.relay.close()
             self.outcome.ended = self.outcome.ended or time.time()
         return self.outcome

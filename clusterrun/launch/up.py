@@ -13,11 +13,12 @@ from clusterrun import redact
 from clusterrun.errors import ClusterrunError, StartError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
+from clusterrun.launch.agent_link import AgentLink
 from clusterrun.launch.console import Console
 from clusterrun.launch.detach import start_detached
 from clusterrun.launch.outcome import Attempt, RankState, RunOutcome, Signature, no_restart, signature, untrusted_nodes
 from clusterrun.launch.pathcheck import quick_check
-from clusterrun.launch.ready import NodeReady, check_ready, remove_archives
+from clusterrun.launch.ready import NodeReady, check_ready, drop, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
 from clusterrun.launch.replan import CannotContinue, backoff, plan_with_facts, recompose
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
@@ -49,9 +50,10 @@ def _new_run_dir(runs_dir: str | Path, inv: Inventory, plan: LaunchPlan) -> tupl
                           "directories there?")
 
 
-def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transport], run_dir: RunDir,
-                console: Console, mode: str, full_check: FullCheck | None = None) -> None:
-    """The connectivity check before the start (``--preflight``); its result goes to preflight.json."""
+def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transport], links: Mapping[str, AgentLink],
+                run_dir: RunDir, console: Console, mode: str, full_check: FullCheck | None = None) -> None:
+    """The connectivity check before the start (``--preflight``), by the nodes' waiting agents (``links``); its
+    result goes to preflight.json."""
     record: dict[str, object] = {"mode": mode}
     try:
         if mode == "off" or plan.nnodes < 2:
@@ -66,7 +68,7 @@ def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transpor
             if failures:
                 raise StartError({f"doctor {i + 1}": f for i, f in enumerate(failures)},
                                  hint=f"report in {where}/; {PATH_HINT}")
-        report = quick_check(plan, transports)
+        report = quick_check(plan, links)
         record.update(report.to_dict())
         for note in report.notes:
             console.info(note)
@@ -139,6 +141,15 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             transport.close()
 
 
+def _links(ready: Mapping[str, NodeReady]) -> dict[str, AgentLink]:
+    """The nodes' agents, started by the ready check and waiting for the job."""
+    links = {name: r.link for name, r in ready.items()}
+    missing = [name for name, link in links.items() if link is None]
+    if missing:
+        raise ClusterrunError(f"no node agent for {', '.join(missing)} (the ready check did not start one)")
+    return {name: link for name, link in links.items() if link is not None}
+
+
 class _Run:
     """The attempts of one run, from the first start to the last outcome."""
 
@@ -155,7 +166,7 @@ class _Run:
         try:
             plan, ready, attempt = self._prepare(plan, Attempt(0, [n.name for n in plan.nodes]))
             if detach:
-                launched = start_detached(plan, self.transports, {name: r.stage for name, r in ready.items()},
+                launched = start_detached(plan, _links(ready), {name: r.stage for name, r in ready.items()},
                                           self.settings.grace)
                 self.run_dir.write_status(RunState.detached, {"started": time.time(), "nodes": {
                     n: {"launched": t} for n, t in launched.items()}})
@@ -198,14 +209,18 @@ class _Run:
                     raise
                 plan, attempt = self._without(plan, attempt, failed, exc)
                 continue
-            inv, plan = plan_with_facts(self._inventory(attempt.nodes), plan, ready)
-            self.run_dir.write_json("plan.json", plan.to_dict())
-            for line in plan.probed:
-                self.console.info(f"from the node: {line}")
-            for warning in plan.warnings:
-                self.console.info(f"warning: {warning}")
-            check_paths(inv, plan, self.transports, self.run_dir, self.console, self.preflight_mode,
-                        self.full_check)
+            try:
+                inv, plan = plan_with_facts(self._inventory(attempt.nodes), plan, ready)
+                self.run_dir.write_json("plan.json", plan.to_dict())
+                for line in plan.probed:
+                    self.console.info(f"from the node: {line}")
+                for warning in plan.warnings:
+                    self.console.info(f"warning: {warning}")
+                check_paths(inv, plan, self.transports, _links(ready), self.run_dir, self.console,
+                            self.preflight_mode, self.full_check)
+            except BaseException:
+                drop(ready)  # every agent waits for a job that will not come
+                raise
             copied = sum(len(r.copied) for r in ready.values())
             if copied:
                 self.console.info(f"copied {copied} file(s) to the nodes")
@@ -226,7 +241,7 @@ class _Run:
         return build_plan(self._inventory(nodes), plan.job), attempt
 
     def _run(self, plan: LaunchPlan, ready: Mapping[str, NodeReady], attempt: Attempt) -> RunOutcome:
-        supervisor = Supervisor(plan, self.transports, self.run_dir, self.console, self.settings,
+        supervisor = Supervisor(plan, _links(ready), self.run_dir, self.console, self.settings,
                                 stage={name: r.stage for name, r in ready.items()}, notifier=self.notifier)
         self.attempts.append(attempt)
         self.run_dir.write_status(RunState.running, {"started": time.time(), "pid": os.getpid(),

@@ -2,7 +2,8 @@
 
 =================== ====================================================================================
 agent.py            the node agent: runs torchrun in its own session, relays its output, stops it
-                    (modes ``run``, ``exec``, ``collect``, ``sweep``, ``ps``)
+                    (modes ``prepare``, ``run``, ``exec``, ``collect``, ``sweep``, ``ps``)
+session.py          the agent's first phase (``prepare``): the ready check and the path probes before ``go``
 protocol.py         the agent's wire protocol (events, payloads, commands): written by the agent, read by
                     clusterrun
 wire.py             the agent's output: events written whole
@@ -48,7 +49,8 @@ def _packed(name: str) -> str:
     return base64.b64encode(zlib.compress(source(name).encode(), 9)).decode("ascii")
 
 
-AGENT_MODULES = ("protocol", "wire", "tailing", "pathwatch", "stacks", "flight")  # in import order  # what the agent imports, sent with it
+# What the agent imports, sent with it, in import order.
+AGENT_MODULES = ("protocol", "wire", "tailing", "pathwatch", "stacks", "flight", "ready", "session")
 
 
 @lru_cache(maxsize=1)

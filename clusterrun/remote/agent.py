@@ -1,6 +1,7 @@
 """The small program clusterrun runs on each node (standard library only, Python >= 3.8).
 
-``python agent.py run SPEC`` starts the node's torchrun in its own session and
+``python agent.py prepare`` is how a launch starts it: the checks before the job come first, as commands on stdin
+(see session.py), then ``go`` with the spec. ``python agent.py run SPEC`` starts the node's torchrun in its own session and
 then, until every process of it is gone:
 
 * tails every rank's log file (torchrun ``--redirects 3 --log-dir``) and writes each
@@ -35,11 +36,12 @@ import threading
 import time
 
 if __package__:  # imported as part of clusterrun (by clusterrun itself, by tests)
-    from clusterrun.remote import flight, pathwatch, protocol, stacks, tailing, wire
+    from clusterrun.remote import flight, pathwatch, protocol, session, stacks, tailing, wire
 else:  # run on a node: as a file beside its modules, or sent inline with them (see clusterrun.remote.argv)
     import flight
     import pathwatch
     import protocol
+    import session
     import stacks
     import tailing
     import wire
@@ -570,7 +572,21 @@ def exec_command(spec: dict) -> int:
     return 0
 
 
+def start_run(spec: dict) -> int:
+    """Run the job of ``spec`` to its end (``run``, or ``go`` after ``prepare``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only clusterrun's 'term'/'kill' stop the job
+    if spec.get("detached"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the session that started it may end
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a broken stream must not kill the agent
+    return Agent(spec).run()
+
+
 def main(argv: list) -> int:
+    if argv[:1] == ["prepare"]:
+        # A launch's one program per node: the checks before the job, then the job (see session.py).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        return session.serve(sys.stdin.buffer, start_run)
     if len(argv) >= 2 and argv[0] == "run":
         # "-": the spec is the first line of stdin. It holds the job's environment (tokens, passwords), which a
         # command line would show to every user of the node (ps, /proc/<pid>/cmdline).
@@ -578,12 +594,7 @@ def main(argv: list) -> int:
         if not raw.strip():
             sys.stderr.write("agent.py run -: no spec on stdin (clusterrun went away before sending it)\n")
             return 2
-        spec = json.loads(base64.b64decode(raw).decode())
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # only clusterrun's 'term'/'kill' stop the job
-        if spec.get("detached"):
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the session that started it may end
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a broken stream must not kill the agent
-        return Agent(spec).run()
+        return start_run(json.loads(base64.b64decode(raw).decode()))
     if len(argv) >= 2 and argv[0] == "exec":
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         return exec_command(json.loads(base64.b64decode(argv[1]).decode()))
@@ -599,7 +610,7 @@ def main(argv: list) -> int:
         grace = float(argv[2]) if len(argv) > 2 else 2.0
         print(json.dumps({"pids": stop_processes(lambda: marked(argv[1], exclude, node), grace)}))
         return 0
-    sys.stderr.write("usage: agent.py run - (SPEC_B64 on stdin) | run SPEC_B64 | exec SPEC_B64 | collect SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
+    sys.stderr.write("usage: agent.py prepare | run - (SPEC_B64 on stdin) | run SPEC_B64 | exec SPEC_B64 | collect SPEC_B64 | sweep RUN_ID [GRACE [NODE]] | ps RUN_ID [GRACE [NODE]]\n")
     return 2
 
 

@@ -1,0 +1,180 @@
+"""One node's agent, from its start to its end: one program per node per launch.
+
+:func:`open_link` starts ``agent.py prepare`` on a node (inline: nothing is installed there first). Before
+the job, clusterrun asks it questions (:meth:`AgentLink.ask`: the ready check, the path probes), each answered
+by one event; ``go`` with the run's spec then starts the job in the same process, and the link is handed to
+the supervisor (:meth:`AgentLink.hand_over`), whose event queue gets every frame from then on. One reader
+thread per node decodes the stream from the first byte to the last, so no byte is read twice or lost
+between the two phases.
+
+The spec goes on stdin, never on the command line: it holds the job's environment (-e, --env-forward,
+inventory env: tokens, passwords), and any user of a node can read every process's command line.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from clusterrun import remote
+from clusterrun.errors import CommandTimeout, ConnectError
+from clusterrun.plan import NodePlan
+from clusterrun.remote import protocol
+from clusterrun.remote.protocol import Frame, FrameDecoder
+from clusterrun.transport.base import Stream, Transport
+
+#: The end of a node's stream, as it reaches a sink (after every frame).
+EOF = object()
+
+
+def agent_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: float,
+               stage: list[tuple[str, str]] | None = None, detached: bool = False,
+               script_args: int = 0) -> dict[str, Any]:
+    """What the node agent needs; ``script_args``: how many of the argv's last items are the script's own
+    arguments (passed exactly as typed, never expanded)."""
+    return {
+        "detached": detached,
+        "stage": [list(pair) for pair in stage or ()],
+        "run_id": run_id,
+        "node": node.name,
+        "rank_offset": node.rank_offset,
+        "argv": list(node.argv),
+        "script_args": script_args,
+        "env": node.env_dict(),
+        "cwd": node.cwd,
+        "run_dir": node.run_dir,
+        "grace": grace,
+        "heartbeat_timeout": heartbeat_timeout,
+    }
+
+
+def encode_spec(spec: dict[str, Any]) -> str:
+    return base64.b64encode(json.dumps(spec).encode()).decode("ascii")
+
+
+class AgentLink:
+    """The stream of one node's agent and the thread that reads it. Frames go to this link's own queue
+    (answers to :meth:`ask`) until :meth:`hand_over` names another sink."""
+
+    def __init__(self, node: str, stream: Stream) -> None:
+        self.node = node
+        self.stream = stream
+        self._lock = threading.Lock()
+        self._answers: queue.Queue[Any] = queue.Queue()
+        self._sink: queue.Queue[tuple[str, Any]] | None = None
+        self._said: list[str] = []  # text the agent printed before the job (a Python too old, a shell's complaint)
+        self._reader = threading.Thread(target=self._pump, daemon=True, name=f"agent-{node}")
+        self._reader.start()
+
+    def _put(self, item: Any) -> None:
+        with self._lock:
+            sink = self._sink
+            if sink is None:
+                self._answers.put(item)
+        if sink is not None:
+            sink.put((self.node, item))  # outside the lock: a full queue holds this reader back, as it should
+
+    def _pump(self) -> None:
+        decoder = FrameDecoder()
+        try:
+            for chunk in self.stream.chunks():
+                for frame in decoder.feed(chunk):
+                    self._put(frame)
+            for frame in decoder.close():
+                self._put(frame)
+        except Exception as exc:  # a broken stream ends it; the reader of the frames hears why
+            self._put(Frame({"ev": protocol.STREAM_ERROR, "text": str(exc)}))
+        finally:
+            self._put(EOF)
+
+    # ------------------------------------------------------------ before the job
+
+    def send(self, line: str) -> bool:
+        """One line to the agent's stdin; False when it can no longer be reached."""
+        return self.stream.send(line if line.endswith("\n") else line + "\n")
+
+    def answer(self, kinds: Iterable[str], deadline: float) -> dict[str, Any]:
+        """The next event of one of ``kinds``, by the monotonic ``deadline``. Raises :class:`ConnectError` when
+        the stream ends first and :class:`CommandTimeout` at the deadline."""
+        wanted = set(kinds)
+        while True:
+            try:
+                item = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise CommandTimeout(self.node, f"the node agent did not answer in time (waiting for "
+                                                f"{'/'.join(sorted(wanted))})") from None
+            if item is EOF:
+                self._answers.put(EOF)  # every later question hears it too
+                raise ConnectError(self.node, self._ended_why())
+            event = item.event
+            if event.get("ev") in wanted:
+                return event
+            if event.get("ev") in (protocol.LAUNCHER, protocol.STREAM_ERROR) and len(self._said) < 50:
+                self._said.append(str(event.get("text", "")))
+
+    def ask(self, word: str, arg: str, kinds: Iterable[str], timeout: float) -> dict[str, Any]:
+        """Send ``word arg`` and wait for its answer (see :meth:`answer`)."""
+        deadline = time.monotonic() + timeout
+        if not self.send(f"{word} {arg}"):
+            raise ConnectError(self.node, self._ended_why())
+        return self.answer(kinds, deadline)
+
+    def said(self) -> list[str]:
+        """What the agent printed that was not an answer (an interpreter's complaint, a traceback)."""
+        return list(self._said)
+
+    def _ended_why(self) -> str:
+        tail = [line for line in (self.said() + self.stream.stderr_text().strip().splitlines()) if line.strip()]
+        code = self.stream.wait(0.5)
+        return ("the node agent ended before it answered" + (f" (exit {code})" if code is not None else "")
+                + (f": {' | '.join(tail[-3:])}" if tail else ""))
+
+    # ------------------------------------------------------------ the job
+
+    def go(self, spec: dict[str, Any]) -> None:
+        """Start the job. Raises :class:`ConnectError` when the spec cannot be sent."""
+        if not self.send(f"go {encode_spec(spec)}"):
+            raise ConnectError(self.node, "the node agent's connection closed before it got the run's spec")
+
+    def hand_over(self, sink: queue.Queue[tuple[str, Any]]) -> None:
+        """From now on every frame (and the end, as :data:`EOF`) goes to ``sink`` as ``(node, item)``, the ones
+        not yet taken first, in order."""
+        with self._lock:
+            while True:
+                try:
+                    item = self._answers.get_nowait()
+                except queue.Empty:
+                    break
+                sink.put((self.node, item))
+            self._sink = sink
+
+    def stderr_text(self) -> str:
+        return self.stream.stderr_text()
+
+    def abort(self) -> None:
+        """Drop the connection: before ``go`` the agent ends at once; after, it stops the job (unless detached)."""
+        self.stream.abort()
+
+    def join(self, timeout: float) -> None:
+        self._reader.join(timeout)
+
+
+def prepare_argv(node: NodePlan, *, inline: bool) -> list[str]:
+    """``agent.py prepare``. Inline, the agent travels in the command line (compressed): starting a node costs
+    one round trip, and nothing has to be installed first."""
+    return remote.argv(node.python, "agent", "prepare", inline=inline)
+
+
+def open_link(transport: Transport, node: NodePlan) -> AgentLink:
+    """Start the agent on ``node``; it waits for questions, then ``go``."""
+    return AgentLink(node.name, transport.start(prepare_argv(node, inline=not transport.is_local)))
+
+
+def abort_all(links: Iterable[AgentLink]) -> None:
+    for link in links:
+        link.abort()

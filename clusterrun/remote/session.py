@@ -1,0 +1,190 @@
+"""The node agent's first phase (``agent.py prepare``): everything before the job, in the one program per node.
+
+A launch starts the agent once on each node. Before the job it answers commands on stdin, one line each,
+with one event each (see protocol.py), and then becomes the job's agent on ``go``:
+
+* ``check <spec>``: the ready check (ready.py): python, torch, run directory, master port, staged files,
+  the node's NICs and GPUs; answered by ``ready`` (report).
+* ``probe-listen <json>``: hold the master port (``port``) open and accept connections on it until ``go``
+  or the end; answered by ``listening`` (port, or error).
+* ``probe-reach <json>``: one TCP connect to ``address``:``port`` from ``source`` (null: any) within
+  ``timeout`` seconds, and a ping of ``address`` when it fails (a blocked port or a dead path);
+  answered by ``reached`` (tcp: null or why not, ping: ok, failed, missing or null).
+* ``probe-ping <json>``: one ping to each of ``addresses`` at once; answered by ``pinged`` (results:
+  {address: ok or failed}, or missing: true without a ping command).
+* ``go <spec>``: the run's spec (base64 JSON, as ``agent.py run -`` reads it); the listener closes (the
+  port is torchrun's now) and the job starts.
+* ``ping``: answered by ``pong``.
+
+The end of stdin (clusterrun went away), ``stop``, or no command for ``idle`` seconds (from the check's
+spec) ends the program without starting anything. Standard library only, like the rest of the agent.
+"""
+
+import base64
+import json
+import queue
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+if __package__:
+    from clusterrun.remote import protocol, ready, wire
+else:
+    import protocol
+    import ready
+    import wire
+
+CHECK, GO, STOP = "check", "go", "stop"
+LISTEN, REACH, PING = "probe-listen", "probe-reach", "probe-ping"
+# Events (node -> clusterrun) of this phase.
+READY, LISTENING, REACHED, PINGED = "ready", "listening", "reached", "pinged"
+DEFAULT_IDLE = 900.0
+_MAX_WAIT = 30.0  # a probe's own timeout is capped here: nothing in this phase waits longer
+
+
+def _lines(stdin, out: "queue.Queue") -> None:
+    """Read command lines until ``go`` (whose line is the last this thread takes: the job's agent reads the rest
+    from the same buffer) or the end of stdin."""
+    while True:
+        try:
+            line = stdin.readline()
+        except (OSError, ValueError):
+            line = b""
+        out.put(line)
+        if not line or line.split(b" ", 1)[0].strip() == GO.encode():
+            return
+
+
+class Listener:
+    """The master port held open while the other nodes try to reach it."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torchrun's store does
+        try:
+            self.sock.bind(("", port))
+            self.sock.listen(256)
+        except OSError:
+            self.sock.close()
+            raise
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="probe-listen")
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            conn.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=2.0)
+        self.sock.close()
+
+
+def _why(exc: OSError, timeout: float) -> str:
+    if isinstance(exc, socket.timeout):
+        return "timed out after %gs" % timeout
+    return str(exc.strerror or exc)
+
+
+def ping(addresses: list, timeout: float) -> "dict | None":
+    """{address: "ok" | "failed"} for one ping each, all at once; None without a ping command."""
+    if shutil.which("ping") is None:
+        return None
+    wait = str(max(1, int(timeout)))
+    procs = []
+    for address in addresses:
+        try:
+            procs.append((address, subprocess.Popen(["ping", "-n", "-c", "1", "-W", wait, address],
+                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        except OSError:
+            procs.append((address, None))
+    results = {}
+    deadline = time.monotonic() + timeout + 5
+    for address, proc in procs:
+        if proc is None:
+            results[address] = "failed"
+            continue
+        try:
+            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = 1
+        results[address] = "ok" if code == 0 else "failed"
+    return results
+
+
+def reach(address: str, port: int, source, timeout: float) -> dict:
+    """A TCP connect to address:port (from ``source``); on failure, whether the address answers ping."""
+    try:
+        socket.create_connection((address, port), timeout=timeout,
+                                 source_address=(source, 0) if source else None).close()
+        return {"tcp": None, "ping": None}
+    except OSError as exc:
+        why = _why(exc, timeout)
+    pinged = ping([address], timeout)
+    return {"tcp": why, "ping": "missing" if pinged is None else pinged[address]}
+
+
+def serve(stdin, start_run) -> int:
+    """Answer commands until ``go`` (then ``start_run(spec)`` runs the job and its code is returned) or the end."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(stdin, lines), daemon=True, name="commands").start()
+    idle = DEFAULT_IDLE
+    listener = None
+    try:
+        while True:
+            try:
+                raw = lines.get(timeout=idle)
+            except queue.Empty:
+                return 3  # clusterrun said nothing for too long: nothing was started here
+            if not raw:
+                return 0
+            word, _, arg = raw.decode("utf-8", errors="replace").strip().partition(" ")
+            if word == CHECK:
+                spec = json.loads(base64.b64decode(arg).decode())
+                idle = float(spec.get("idle") or DEFAULT_IDLE)
+                wire.emit({"ev": READY, "report": ready.check(spec)})
+            elif word == LISTEN:
+                args = json.loads(arg)
+                if listener is not None:
+                    listener.close()
+                    listener = None
+                try:
+                    listener = Listener(int(args["port"]))
+                    wire.emit({"ev": LISTENING, "port": listener.port})
+                except OSError as exc:
+                    wire.emit({"ev": LISTENING, "error": str(exc.strerror or exc)})
+            elif word == REACH:
+                args = json.loads(arg)
+                timeout = min(float(args.get("timeout", 3.0)), _MAX_WAIT)
+                wire.emit({"ev": REACHED, **reach(args["address"], int(args["port"]), args.get("source"), timeout)})
+            elif word == PING:
+                args = json.loads(arg)
+                results = ping(list(args["addresses"]), min(float(args.get("timeout", 3.0)), _MAX_WAIT))
+                wire.emit({"ev": PINGED, "results": results or {}, "missing": results is None})
+            elif word == protocol.PING:
+                wire.emit({"ev": protocol.PONG})
+            elif word == GO:
+                if listener is not None:
+                    listener.close()  # the master port is torchrun's from here on
+                    listener = None
+                return start_run(json.loads(base64.b64decode(arg).decode()))
+            elif word == STOP:
+                return 0
+            else:
+                wire.emit({"ev": protocol.LAUNCHER, "text": "clusterrun agent: unknown command %r" % word[:40]})
+    finally:
+        if listener is not None:
+            listener.close()
