@@ -1,21 +1,28 @@
-"""Launch latency, teardown time and orphans of `clusterrun up` on the simulated cluster, against pdsh and ssh.
+"""Launch cost of `clusterrun up` and `clusterrun exec` on the simulated cluster, against pdsh doing the same.
 
-    sudo python bench/launch.py [--nodes 1,2,4,8,16] [--repeat 3]
+    sudo python bench/launch.py [--nodes 1,8,32,64,128] [--repeat 1] [--skip-extra]
 
 One SimCluster of max(--nodes) nodes is started once (needs root, see tests/simcluster.py). For each N:
 
-  (a) clusterrun: `python -m clusterrun up <inventory of the first N nodes> report.py`, nproc_per_node 1;
-      report.py appends one line to a shared file and exits 0.
-  (b) pdsh:       `pdsh -R ssh -f 1024 -w node0,...` running `echo started >> file`.
-  (c) ssh:        N `ssh -F ssh_config nodeI 'echo started >> file'` started at once.
+  (a) up:    `python -m clusterrun up --nproc-per-node 1 <inventory of the first N nodes> report.py`
+             (default preflight: the ready check and the path check), against
+             pdsh:  `pdsh -R ssh -f 1024 -w node0,...` running the same torchrun command on every node
+             (`python -m torch.distributed.run --nnodes N --node-rank <from the host name> --master-addr
+             <node0's data address> ... report.py`), after writing a time stamp.
+  (b) exec:  `clusterrun exec INV -- true` against `pdsh -w ... true`.
 
-The measure is the wall time from the command's start to the file having N lines (polled every 10 ms).
-clusterrun includes its preflight and a torchrun start on every node, pdsh/ssh a trivial command only: the table
-shows the absolute times, clusterrun's time minus its 1-node time (the cost of the added nodes) and its ratio to pdsh.
+Measures, per command, from its start:
+  torchrun  until torchrun was started on every node (clusterrun: each agent's `started` time in status.json;
+            pdsh: the time stamp written just before `exec torchrun`). Nodes share this machine's clock.
+  ranks     until every worker ran its first line (adds torchrun's torch import, the rendezvous and the worker);
+  total     until the command ended;
+  cpu       the orchestrator's own CPU (user + system, from wait4: for pdsh, with its ssh children);
+  rss       its peak resident memory (ru_maxrss); threads: the most it had at once (/proc, every 20 ms).
+From those: clusterrun's CPU per added node, (cpu(N) - cpu(1)) / (N - 1), and the ratio of the torchrun times.
 
-  (d) teardown: a 2-node clusterrun job where rank 1 exits 1 after 2 s while rank 0 sleeps: time from that exit
+  (c) teardown: a 2-node clusterrun job where rank 1 exits 1 after 2 s while rank 0 sleeps: time from that exit
       (a timestamp the worker writes just before sys.exit) to the last process of the run gone.
-  (e) orphans: SIGKILL of the orchestrator (clusterrun vs pdsh, `sleep 60` on 2 nodes): processes still alive on
+  (d) orphans: SIGKILL of the orchestrator (clusterrun vs pdsh, `sleep 60` on 2 nodes): processes still alive on
       the nodes 5 s later. Everything left is then killed by PID.
 
 Results are printed and saved to bench/results/launch-<timestamp>.json.
@@ -27,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -45,7 +53,7 @@ from simjobs import clusterrun_env, write_inventory  # noqa: E402
 
 POLL = 0.01
 START_TIMEOUT = 120.0
-RUN_TIMEOUT = 180.0
+RUN_TIMEOUT = 600.0
 
 REPORT_PY = """\
 import os, sys
@@ -117,6 +125,42 @@ def local_session_left(sid: int) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def threads_of(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def watch(p: subprocess.Popen, started: Path | None, n: int, t0: float, timeout: float = RUN_TIMEOUT) -> dict:
+    """Follow ``p`` to its end: when ``started`` reached ``n`` lines, its most threads, then its own CPU and
+    peak RSS from wait4 (ended after ``timeout`` seconds at most: then its session is killed)."""
+    ranks_s, most = None, 0
+    deadline = t0 + timeout
+    status, usage = None, None
+    while time.perf_counter() < deadline:
+        most = max(most, threads_of(p.pid))
+        if ranks_s is None and started is not None and lines(started) >= n:
+            ranks_s = time.perf_counter() - t0
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
+        time.sleep(0.02)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
+    if ranks_s is None and started is not None and lines(started) >= n:
+        ranks_s = time.perf_counter() - t0
+    return {"ranks_s": ranks_s, "total_s": time.perf_counter() - t0, "rc": p.returncode, "threads": most,
+            "cpu_s": usage.ru_utime + usage.ru_stime if usage else None,
+            "rss_mib": usage.ru_maxrss / 1024 if usage else None}
+
+
 def popen(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -160,33 +204,43 @@ class Bench:
         started, runs = self.fresh(f"cr{n}")
         t0, t0_wall = time.perf_counter(), time.time()
         p = popen(self.clusterrun_argv(n, "report.py", runs, str(started)), self.work, self.env)
-        t = wait_lines(started, n, t0, [p], START_TIMEOUT)
-        code = finish([p])[0]
-        # When every node agent had started its torchrun (nodes share this machine's clock): the fan-out itself,
-        # without torch's import in torchrun and the worker.
-        launched = None
+        got = watch(p, started, n, t0)
+        # When every node agent had started its torchrun (nodes share this machine's clock).
         with contextlib.suppress(OSError, ValueError, StopIteration, TypeError):
             status = json.loads(next(d for d in runs.iterdir() if d.is_dir()).joinpath("status.json").read_text())
-            launched = max(node["launched"] for node in status["nodes"].values()) - t0_wall
-        return {"start_s": t, "launched_s": launched, "total_s": time.perf_counter() - t0, "rc": code}
+            got["torchrun_s"] = max(node["launched"] for node in status["nodes"].values()) - t0_wall
+        return got
 
     def run_pdsh(self, n: int) -> dict:
         started, _ = self.fresh(f"pdsh{n}")
-        t0 = time.perf_counter()
-        p = popen(["pdsh", "-R", "ssh", "-f", "1024", "-w", ",".join(self.hosts(n)), f"echo started >> {started}"],
-                  self.work, self.pdsh_env())
-        t = wait_lines(started, n, t0, [p], START_TIMEOUT)
-        code = finish([p])[0]
-        return {"start_s": t, "total_s": time.perf_counter() - t0, "rc": code}
+        stamps = started.with_suffix(".stamps")
+        self.counter += 1
+        torchrun = shlex.join([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n), "--nproc-per-node",
+                               "1", "--master-addr", self.cluster.nodes[0].data_ip, "--master-port",
+                               str(29800 + self.counter % 100)])
+        command = (f'r=$(hostname); r=${{r#node}}; printf "%s\\n" "$(date +%s.%N)" >> {stamps}; '
+                   f"exec {torchrun} --node-rank $r {self.work / 'report.py'} {started}")
+        t0, t0_wall = time.perf_counter(), time.time()
+        p = popen(["pdsh", "-R", "ssh", "-f", "1024", "-w", ",".join(self.hosts(n)), command], self.work,
+                  self.pdsh_env())
+        got = watch(p, started, n, t0)
+        with contextlib.suppress(OSError, ValueError):
+            times = [float(line) for line in stamps.read_text().split()]
+            if len(times) == n:
+                got["torchrun_s"] = max(times) - t0_wall
+        return got
 
-    def run_ssh(self, n: int) -> dict:
-        started, _ = self.fresh(f"ssh{n}")
+    def run_exec(self, n: int) -> dict:
         t0 = time.perf_counter()
-        ps = [popen(["ssh", "-F", str(self.cluster.ssh_config), h, f"echo started >> {started}"], self.work)
-              for h in self.hosts(n)]
-        t = wait_lines(started, n, t0, ps, START_TIMEOUT)
-        codes = finish(ps)
-        return {"start_s": t, "total_s": time.perf_counter() - t0, "rc": max((c if c is not None else 999) for c in codes)}
+        p = popen([sys.executable, "-m", "clusterrun", "exec", "-q", str(self.inventory(n)), "--", "true"], self.work,
+                  self.env)
+        return watch(p, None, n, t0)
+
+    def run_pdsh_exec(self, n: int) -> dict:
+        t0 = time.perf_counter()
+        p = popen(["pdsh", "-R", "ssh", "-f", "1024", "-w", ",".join(self.hosts(n)), "true"], self.work,
+                  self.pdsh_env())
+        return watch(p, None, n, t0)
 
     # ------------------------------------------------------------------------------------ teardown
 
@@ -319,16 +373,16 @@ def fmt(v: float | None, spec: str = "6.2f") -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", default="1,2,4,8,16", help="comma-separated node counts (default 1,2,4,8,16)")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--skip-extra", action="store_true", help="skip (d) teardown and (e) orphans")
+    parser.add_argument("--nodes", default="1,8,32,64,128", help="comma-separated node counts (default 1,8,32,64,128)")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--skip-extra", action="store_true", help="skip (c) teardown and (d) orphans")
     args = parser.parse_args()
     counts = sorted({int(x) for x in args.nodes.split(",") if x.strip()})
     if os.geteuid() != 0:
         parser.error("needs root (network namespaces)")
     size = max(max(counts), 2)
-    result: dict = {"nodes": counts, "repeat": args.repeat, "cluster_nodes": size, "launch": {}, "python": sys.executable,
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    result: dict = {"nodes": counts, "repeat": args.repeat, "cluster_nodes": size, "launch": {}, "exec": {},
+                    "python": sys.executable, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     work = Path(tempfile.mkdtemp(prefix="clusterrun-bench-launch-"))
     cluster = SimCluster(size)
     t_start = time.perf_counter()
@@ -337,17 +391,22 @@ def main() -> int:
         result["cluster_start_s"] = time.perf_counter() - t_start
         print(f"cluster of {size} nodes up in {result['cluster_start_s']:.1f} s; work dir {work}", flush=True)
         bench = Bench(cluster, work)
-        warm = bench.run_clusterrun(max(counts))  # first run copies files to the nodes: not counted
-        print(f"warm-up clusterrun on {max(counts)} nodes: {fmt(warm['start_s'])} s rc={warm['rc']}", flush=True)
+        warm = bench.run_clusterrun(min(max(counts), 8))  # the first run copies files to the nodes: not counted
+        print(f"warm-up: rc={warm['rc']}", flush=True)
         for n in counts:
-            rows: dict[str, list[dict]] = {"clusterrun": [], "pdsh": [], "ssh": []}
-            for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits all alike
+            rows: dict[str, list[dict]] = {"clusterrun": [], "pdsh": []}
+            execs: dict[str, list[dict]] = {"clusterrun": [], "pdsh": []}
+            for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits both alike
                 rows["clusterrun"].append(bench.run_clusterrun(n))
                 rows["pdsh"].append(bench.run_pdsh(n))
-                rows["ssh"].append(bench.run_ssh(n))
-            result["launch"][n] = rows
-            print(f"N={n:3d}  launched {fmt(med([r.get('launched_s') for r in rows['clusterrun']]))} s  " + "  ".join(
-                f"{k} {fmt(med([r['start_s'] for r in v]))} s" for k, v in rows.items()), flush=True)
+                execs["clusterrun"].append(bench.run_exec(n))
+                execs["pdsh"].append(bench.run_pdsh_exec(n))
+            result["launch"][n], result["exec"][n] = rows, execs
+            cr, pd = rows["clusterrun"], rows["pdsh"]
+            print(f"N={n:3d}  torchrun everywhere: clusterrun {fmt(med([r.get('torchrun_s') for r in cr]))} s, "
+                  f"pdsh {fmt(med([r.get('torchrun_s') for r in pd]))} s; clusterrun cpu "
+                  f"{fmt(med([r['cpu_s'] for r in cr]))} s, rc {[r['rc'] for r in cr]}/{[r['rc'] for r in pd]}",
+                  flush=True)
         if not args.skip_extra:
             result["teardown"] = bench.teardown()
             print(f"teardown: {fmt(result['teardown'].get('teardown_s'))} s", flush=True)
@@ -355,39 +414,56 @@ def main() -> int:
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
+    report(result, counts)
+    save_results(result, "launch")
+    return 0
 
-    # ----------------------------------------------------------------------------------------- report
-    base = med([r["start_s"] for r in result["launch"][counts[0]]["clusterrun"]]) if counts[0] == 1 else None
+
+def report(result: dict, counts: list[int]) -> None:
+    def m(rows: list[dict], key: str) -> float | None:
+        return med([r.get(key) for r in rows])
+
     print()
-    print(f"time to every rank started (median of {args.repeat}, seconds; cluster of {size} simulated nodes)")
-    print("  launched: every node agent has started torchrun (the fan-out: connect, preflight, copy, start);")
-    print("  ranks: every worker process has run its first line (adds torchrun's and the worker's torch import)")
-    print(f"{'N':>4} | {'launched':>8} | {'ranks':>6} | {'pdsh':>6} | {'ssh':>6} | {'launched / pdsh':>15} | "
-          f"{'cr - cr(N=1)':>12} | {'cr rc':>6}")
-    print("-" * 88)
-    summary = {}
+    print(f"up: {result['cluster_nodes']}-node simulated cluster, median of {result['repeat']}, seconds from the start")
+    print(f"{'N':>4} | {'torchrun: cr':>12} | {'pdsh':>6} | {'ratio':>6} | {'ranks: cr':>9} | {'pdsh':>6} | "
+          f"{'cr cpu':>6} | {'cpu/added node':>14} | {'cr rss':>7} | {'threads':>7} | {'pdsh cpu':>8}")
+    print("-" * 112)
+    summary: dict = {}
+    base = result["launch"][counts[0]]["clusterrun"] if counts[0] == 1 else None
     for n in counts:
-        rows = result["launch"][n]
-        cr = med([r["start_s"] for r in rows["clusterrun"]])
-        pd = med([r["start_s"] for r in rows["pdsh"]])
-        ss = med([r["start_s"] for r in rows["ssh"]])
-        added = cr - base if cr is not None and base is not None else None
-        ratio = cr / pd if cr is not None and pd else None
-        rcs = ",".join(str(r["rc"]) for r in rows["clusterrun"])
-        launched = med([r.get("launched_s") for r in rows["clusterrun"]])
-        fan = launched / pd if launched is not None and pd else None
-        summary[n] = {"clusterrun_s": cr, "launched_s": launched, "pdsh_s": pd, "ssh_s": ss,
-                      "clusterrun_added_s": added, "ratio_vs_pdsh": ratio, "launched_vs_pdsh": fan}
-        print(f"{n:>4} | {fmt(launched):>8} | {fmt(cr):>6} | {fmt(pd):>6} | {fmt(ss):>6} | {fmt(fan, '14.1f'):>14}x | "
-              f"{fmt(added, '+6.2f'):>12} | {rcs:>6}")
+        cr, pd = result["launch"][n]["clusterrun"], result["launch"][n]["pdsh"]
+        t_cr, t_pd = m(cr, "torchrun_s"), m(pd, "torchrun_s")
+        ratio = t_cr / t_pd if t_cr is not None and t_pd else None
+        per_node = None
+        if base is not None and n > 1 and m(cr, "cpu_s") is not None and m(base, "cpu_s") is not None:
+            per_node = (m(cr, "cpu_s") - m(base, "cpu_s")) / (n - 1)
+        row = {"torchrun_s": t_cr, "pdsh_torchrun_s": t_pd, "ratio": ratio, "ranks_s": m(cr, "ranks_s"),
+               "pdsh_ranks_s": m(pd, "ranks_s"), "cpu_s": m(cr, "cpu_s"), "cpu_per_added_node_ms":
+               per_node * 1000 if per_node is not None else None, "rss_mib": m(cr, "rss_mib"),
+               "threads": m(cr, "threads"), "pdsh_cpu_s": m(pd, "cpu_s"), "pdsh_rss_mib": m(pd, "rss_mib")}
+        summary[n] = row
+        print(f"{n:>4} | {fmt(t_cr):>12} | {fmt(t_pd):>6} | {fmt(ratio):>5}x | {fmt(row['ranks_s']):>9} | "
+              f"{fmt(row['pdsh_ranks_s']):>6} | {fmt(row['cpu_s']):>6} | "
+              f"{fmt(row['cpu_per_added_node_ms'], '.1f') + ' ms':>14} | {fmt(row['rss_mib'], '.0f') + ' MiB':>7} | "
+              f"{fmt(row['threads'], '.0f'):>7} | {fmt(row['pdsh_cpu_s']):>8}")
     result["summary"] = summary
+    print()
+    print("exec `true`: wall time and own CPU, seconds")
+    print(f"{'N':>4} | {'clusterrun':>10} | {'pdsh':>6} | {'ratio':>6} | {'cr cpu':>6} | {'pdsh cpu':>8}")
+    for n in counts:
+        cr, pd = result["exec"][n]["clusterrun"], result["exec"][n]["pdsh"]
+        a, b = m(cr, "total_s"), m(pd, "total_s")
+        summary[n]["exec_s"], summary[n]["pdsh_exec_s"] = a, b
+        summary[n]["exec_cpu_s"], summary[n]["pdsh_exec_cpu_s"] = m(cr, "cpu_s"), m(pd, "cpu_s")
+        print(f"{n:>4} | {fmt(a):>10} | {fmt(b):>6} | {fmt(a / b if a and b else None):>5}x | "
+              f"{fmt(m(cr, 'cpu_s')):>6} | {fmt(m(pd, 'cpu_s')):>8}")
     if "teardown" in result:
         td = result["teardown"]
         print()
-        print(f"(d) teardown, 2 nodes, rank 1 exits 1 after 2 s: last process gone {fmt(td.get('teardown_s'), '.2f')} s "
-              f"after the exit; orchestrator rc={td.get('rc')}, total {fmt(td.get('orchestrator_total_s'), '.2f')} s")
+        print(f"(c) teardown, 2 nodes, rank 1 exits 1 after 2 s: last process gone {fmt(td.get('teardown_s'))} s "
+              f"after the exit; orchestrator rc={td.get('rc')}, total {fmt(td.get('orchestrator_total_s'))} s")
     if "orphans" in result:
-        print("(e) SIGKILL of the orchestrator, `sleep 60` on 2 nodes, processes alive on the nodes 5 s later:")
+        print("(d) SIGKILL of the orchestrator, `sleep 60` on 2 nodes, processes alive on the nodes 5 s later:")
         for name, o in result["orphans"].items():
             if "error" in o:
                 print(f"    {name:10s} error: {o['error']}")
@@ -395,8 +471,6 @@ def main() -> int:
             print(f"    {name:10s} {o['alive_after_5s']} of {o['before']} still alive "
                   f"(local children left: {len(o['local_children_left'])}; killed by the bench: "
                   f"{len(o['killed_by_bench'])})")
-    save_results(result, "launch")
-    return 0
 
 
 if __name__ == "__main__":

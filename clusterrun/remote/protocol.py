@@ -44,9 +44,11 @@ Standard library only: this module travels to the nodes with the agent.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+
+TYPE_CHECKING = False  # typing and dataclasses cost a node milliseconds at every start: types for checkers only
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+    from typing import Any
 
 # Event kinds (agent -> clusterrun).
 STARTED, OUT, LAUNCHER, ERROR, RANK_FAILED, PONG, EXIT = ("started", "out", "launcher", "error", "rank_failed",
@@ -69,10 +71,22 @@ def encode(event: dict[str, Any], payload: bytes = b"") -> bytes:
 MAX_HEADER = 1 << 20  # a "line" longer than this with no newline is not an event header: pass it on as text
 
 
-@dataclass(frozen=True)
 class Frame:
-    event: dict[str, Any]
-    payload: bytes = b""
+    """One event and its payload (empty for most events)."""
+
+    __slots__ = ("event", "payload")
+
+    def __init__(self, event: dict[str, Any], payload: bytes = b"") -> None:
+        self.event = event
+        self.payload = payload
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Frame) and (self.event, self.payload) == (other.event, other.payload)
+
+    __hash__ = None  # type: ignore[assignment]  # an event is a dict: frames are not hashable
+
+    def __repr__(self) -> str:
+        return f"Frame(event={self.event!r}, payload={self.payload!r})"
 
 
 class FrameDecoder:

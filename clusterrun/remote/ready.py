@@ -9,7 +9,6 @@ facts; prints one line ``CLUSTERRUN-PREFLIGHT <json>``.
 
 import base64
 import glob
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -85,6 +84,21 @@ def visible_gpus(root="/proc/driver/nvidia/gpus", environ=None, smi=_smi_gpus):
     return min(present, len(named)) if named and named[0].strip() != "-1" else 0
 
 
+def torch_version(found):
+    """torch's version from the name of its dist-info directory beside it (importlib.metadata would cost every
+    node a dozen milliseconds of imports at every launch); from package metadata when that is not clear."""
+    for location in found.submodule_search_locations or ():
+        infos = glob.glob(os.path.join(os.path.dirname(location), "torch-*.dist-info"))
+        if len(infos) == 1:
+            return os.path.basename(infos[0])[len("torch-"):-len(".dist-info")]
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def check(spec):
     out = {"python": sys.version.split()[0], "executable": sys.executable, "problems": [], "missing": []}
     # Find torch without importing it: an import costs seconds of CPU on every node at every launch.
@@ -98,10 +112,7 @@ def check(spec):
         out["problems"].append("torch at %s has no torch.distributed.run (torchrun); install a full torch build"
                                % found.origin)
     else:
-        try:
-            out["torch"] = importlib.metadata.version("torch")
-        except importlib.metadata.PackageNotFoundError:
-            out["torch"] = "unknown"
+        out["torch"] = torch_version(found)
     for d in (spec["run_dir"], spec["cache"]):
         try:
             # The run's own directory holds the ranks' logs: the user's only. The cache is shared by runs.
