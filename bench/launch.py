@@ -170,7 +170,8 @@ class Bench:
     def __init__(self, cluster: SimCluster, work: Path) -> None:
         self.cluster = cluster
         self.work = work
-        self.env = clusterrun_env()
+        # As after `pip install`: clusterrun's modules load from their compiled .pyc files.
+        self.env = {k: v for k, v in clusterrun_env().items() if k != "PYTHONDONTWRITEBYTECODE"}
         self.counter = 0
         self.inventories: dict[int, Path] = {}
         for name, text in (("report.py", REPORT_PY), ("fail.py", FAIL_PY), ("sleeper.py", SLEEP_PY)):
@@ -206,8 +207,9 @@ class Bench:
         p = popen(self.clusterrun_argv(n, "report.py", runs, str(started)), self.work, self.env)
         got = watch(p, started, n, t0)
         # When every node agent had started its torchrun (nodes share this machine's clock).
-        with contextlib.suppress(OSError, ValueError, StopIteration, TypeError):
+        with contextlib.suppress(OSError, ValueError, StopIteration, TypeError, KeyError):
             status = json.loads(next(d for d in runs.iterdir() if d.is_dir()).joinpath("status.json").read_text())
+            got["status"] = {k: status.get(k) for k in ("state", "problems", "first_failure")}
             got["torchrun_s"] = max(node["launched"] for node in status["nodes"].values()) - t0_wall
         return got
 

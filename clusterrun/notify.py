@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +39,8 @@ class Notifier:
         """POST ``{"text", "event", **fields}`` to every URL, in the background."""
         if not self.urls:
             return
+        import urllib.request  # noqa: F401 - loaded here, in the caller's thread, only when there is a URL
+
         body = json.dumps({"text": text, "event": event, "time": time.time(), **fields}, default=str).encode()
         for url in self.urls:
             delivery = Delivery(url, event)
@@ -50,6 +50,9 @@ class Notifier:
             self._threads.append(thread)
 
     def _post(self, delivery: Delivery, body: bytes) -> None:
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(delivery.url, data=body, method="POST",
                                          headers={"Content-Type": "application/json",
                                                   "User-Agent": "clusterrun"})

@@ -20,12 +20,14 @@ allreduce_smoke.py  doctor's all-reduce, run under torchrun (needs torch)
 
 :func:`argv` says how a program reaches a node: inline, in the command line itself (``python -c``), so a
 node needs nothing installed; or by its path, for nodes that share this machine's files (``transport: local``).
-The agent goes inline compressed, together with the protocol module it imports.
+The agent goes inline compressed, together with the modules it imports; a node keeps their compiled code
+(``~/.clusterrun/cache/agent-<hash>-<python>.bin``), so a later start does not compile them again.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import zlib
 from functools import lru_cache
 from pathlib import Path
@@ -53,15 +55,44 @@ def _packed(name: str) -> str:
 AGENT_MODULES = ("protocol", "wire", "tailing", "pathwatch", "stacks", "flight", "ready", "session")
 
 
+#: Where a node keeps the agent's compiled code, by the code's hash and the interpreter's cache tag (relative
+#: to the node user's home): each start skips compiling it again.
+CODE_CACHE = ".clusterrun/cache"
+
+
 @lru_cache(maxsize=1)
 def _agent_loader() -> str:
     # Its modules are registered first, under the names the agent imports them by when it is not part of
-    # clusterrun; then the agent runs as __main__.
-    lines = ["import base64,sys,types,zlib", "def _load(s):", " return zlib.decompress(base64.b64decode(s))",
-             "def _module(n,s):", " m=types.ModuleType(n)", " sys.modules[n]=m",
-             " exec(compile(_load(s),n+'.py','exec'),m.__dict__)"]
-    lines += [f"_module('{name}','{_packed(name)}')" for name in AGENT_MODULES]
-    lines.append(f"exec(compile(_load('{_packed('agent')}'),'agent.py','exec'))")
+    # clusterrun; then the agent runs as __main__. The compiled modules are kept on the node (written to a
+    # temporary name, then renamed): a later start loads them instead of compiling 70 KB of source again.
+    names = [*AGENT_MODULES, "agent"]
+    packed = [_packed(name) for name in names]
+    key = hashlib.sha256("".join(packed).encode()).hexdigest()[:24]
+    lines = [
+        "import base64,marshal,os,sys,types,zlib",
+        f"S={list(zip(names, packed, strict=True))!r}",
+        f"P=os.path.join(os.path.expanduser('~'),{CODE_CACHE!r},'agent-{key}-%s.bin'%sys.implementation.cache_tag)",
+        "def _codes():",
+        " try:",
+        "  with open(P,'rb') as f: c=marshal.load(f)",
+        "  if [n for n,_ in c]==[n for n,_ in S]: return c",
+        " except Exception: pass",
+        " c=[(n,compile(zlib.decompress(base64.b64decode(s)),n+'.py','exec')) for n,s in S]",
+        " try:",
+        "  os.makedirs(os.path.dirname(P),exist_ok=True)",
+        "  t='%s.%d'%(P,os.getpid())",
+        "  with open(t,'wb') as f: marshal.dump(c,f)",
+        "  os.replace(t,P)",
+        " except Exception: pass",
+        " return c",
+        "C=_codes()",
+        "for n,c in C[:-1]:",
+        " m=types.ModuleType(n)",
+        " sys.modules[n]=m",
+        " exec(c,m.__dict__)",
+        "del S",
+        "exec(C[-1][1])",
+    ]
     return "\n".join(lines) + "\n"
 
 
