@@ -38,6 +38,7 @@ from clusterrun.transport.ssh_target import SshTarget, resolve_target
 
 _STDERR_KEEP = 64 * 1024
 _KEEPALIVE_S = 5
+_READ_TICK_S = 1.0
 _RECV_CHUNK = 1 << 18
 # paramiko's words for a handshake that did not finish in time: no banner, or start_client's timeout
 # ran out (it then returns quietly and the next call finds "No existing session").
@@ -266,6 +267,11 @@ class SshTransport(Transport):
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(_KEEPALIVE_S)
+            # paramiko's reading thread wakes every 0.1 s when nothing arrives: 10 wakeups a second per node,
+            # for the whole run. Once connected it only needs to look for the keepalive, so a second will do
+            # (closing does not wait for it).
+            with contextlib.suppress(OSError, AttributeError):
+                transport.sock.settimeout(_READ_TICK_S)
         return client
 
     def connect(self) -> None:
