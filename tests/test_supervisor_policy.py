@@ -414,3 +414,17 @@ def test_inventory_run_settings_apply_unless_a_flag_is_given() -> None:
                                        hang_timeout=30, on_hang="wait")
     assert (flags.path_watch, flags.on_path_loss, flags.hang_timeout, flags.on_hang) == (True, "stop", 30, "wait")
     assert SupervisorSettings.for_run(RunSettings(), grace=1.0, timeout=None).path_watch is True
+
+
+def test_heartbeats_and_load_reports_are_spaced_out_on_large_runs() -> None:
+    """Up to 32 nodes the settings are as given; beyond, clusterrun hears about as many heartbeats and CPU reports
+    a second as at 32 nodes, and every agent still gets four heartbeats within its timeout."""
+    given = SupervisorSettings()
+    assert given.paced(1) == given and given.paced(32) == given
+    large = given.paced(96)
+    assert large.heartbeat_interval == 3.0 and large.load_every == pytest.approx(9.0)
+    assert large.grace == given.grace and large.heartbeat_timeout == given.heartbeat_timeout
+    huge = given.paced(5000)
+    assert huge.heartbeat_interval == given.heartbeat_timeout / 4
+    assert SupervisorSettings(load_every=0).paced(128).load_every == 0  # off stays off
+    assert SupervisorSettings(heartbeat_interval=2.0).paced(8).heartbeat_interval == 2.0  # a slower given pace stays
