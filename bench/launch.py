@@ -377,12 +377,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="1,8,32,64,128", help="comma-separated node counts (default 1,8,32,64,128)")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--exec-nodes", default="",
+                        help="more node counts for (b) exec alone, e.g. 240 (connections held at once)")
     parser.add_argument("--skip-extra", action="store_true", help="skip (c) teardown and (d) orphans")
     args = parser.parse_args()
     counts = sorted({int(x) for x in args.nodes.split(",") if x.strip()})
+    exec_only = sorted({int(x) for x in args.exec_nodes.split(",") if x.strip()} - set(counts))
     if os.geteuid() != 0:
         parser.error("needs root (network namespaces)")
-    size = max(max(counts), 2)
+    size = max(max(counts + exec_only), 2)
     result: dict = {"nodes": counts, "repeat": args.repeat, "cluster_nodes": size, "launch": {}, "exec": {},
                     "python": sys.executable, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     work = Path(tempfile.mkdtemp(prefix="clusterrun-bench-launch-"))
@@ -409,6 +412,14 @@ def main() -> int:
                   f"pdsh {fmt(med([r.get('torchrun_s') for r in pd]))} s; clusterrun cpu "
                   f"{fmt(med([r['cpu_s'] for r in cr]))} s, rc {[r['rc'] for r in cr]}/{[r['rc'] for r in pd]}",
                   flush=True)
+        for n in exec_only:
+            execs = {"clusterrun": [], "pdsh": []}
+            for _ in range(args.repeat):
+                execs["clusterrun"].append(bench.run_exec(n))
+                execs["pdsh"].append(bench.run_pdsh_exec(n))
+            result["exec"][n] = execs
+            print(f"N={n:3d}  exec: clusterrun {fmt(med([r['total_s'] for r in execs['clusterrun']]))} s, "
+                  f"{fmt(med([r['threads'] for r in execs['clusterrun']]), '.0f')} threads", flush=True)
         if not args.skip_extra:
             result["teardown"] = bench.teardown()
             print(f"teardown: {fmt(result['teardown'].get('teardown_s'))} s", flush=True)
@@ -416,12 +427,12 @@ def main() -> int:
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
-    report(result, counts)
+    report(result, counts, exec_only)
     save_results(result, "launch")
     return 0
 
 
-def report(result: dict, counts: list[int]) -> None:
+def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
     def m(rows: list[dict], key: str) -> float | None:
         return med([r.get(key) for r in rows])
 
@@ -450,15 +461,19 @@ def report(result: dict, counts: list[int]) -> None:
               f"{fmt(row['threads'], '.0f'):>7} | {fmt(row['pdsh_cpu_s']):>8}")
     result["summary"] = summary
     print()
-    print("exec `true`: wall time and own CPU, seconds")
-    print(f"{'N':>4} | {'clusterrun':>10} | {'pdsh':>6} | {'ratio':>6} | {'cr cpu':>6} | {'pdsh cpu':>8}")
-    for n in counts:
+    print("exec `true`: wall time, own CPU, peak RSS and threads of clusterrun; pdsh's wall time and CPU")
+    print(f"{'N':>4} | {'clusterrun':>10} | {'pdsh':>6} | {'ratio':>6} | {'cr cpu':>6} | {'cr rss':>7} | "
+          f"{'threads':>7} | {'pdsh cpu':>8}")
+    for n in sorted(counts + exec_only):
         cr, pd = result["exec"][n]["clusterrun"], result["exec"][n]["pdsh"]
         a, b = m(cr, "total_s"), m(pd, "total_s")
-        summary[n]["exec_s"], summary[n]["pdsh_exec_s"] = a, b
-        summary[n]["exec_cpu_s"], summary[n]["pdsh_exec_cpu_s"] = m(cr, "cpu_s"), m(pd, "cpu_s")
+        row = summary.setdefault(n, {})
+        row["exec_s"], row["pdsh_exec_s"] = a, b
+        row["exec_cpu_s"], row["pdsh_exec_cpu_s"] = m(cr, "cpu_s"), m(pd, "cpu_s")
+        row["exec_rss_mib"], row["exec_threads"] = m(cr, "rss_mib"), m(cr, "threads")
         print(f"{n:>4} | {fmt(a):>10} | {fmt(b):>6} | {fmt(a / b if a and b else None):>5}x | "
-              f"{fmt(m(cr, 'cpu_s')):>6} | {fmt(m(pd, 'cpu_s')):>8}")
+              f"{fmt(m(cr, 'cpu_s')):>6} | {fmt(m(cr, 'rss_mib'), '.0f') + ' MiB':>7} | "
+              f"{fmt(m(cr, 'threads'), '.0f'):>7} | {fmt(m(pd, 'cpu_s')):>8}")
     if "teardown" in result:
         td = result["teardown"]
         print()
