@@ -141,17 +141,19 @@ class AgentLink:
         if not self.send(f"go {encode_spec(spec)}"):
             raise ConnectError(self.node, "the node agent's connection closed before it got the run's spec")
 
-    def hand_over(self, sink: queue.Queue[tuple[str, Any]]) -> None:
-        """From now on every frame (and the end, as :data:`EOF`) goes to ``sink`` as ``(node, item)``, the ones
-        not yet taken first, in order."""
+    def hand_over(self, sink: queue.Queue[tuple[str, Any]]) -> list[Any]:
+        """From now on every frame (and the end, as :data:`EOF`) goes to ``sink`` as ``(node, item)``. Returns what
+        had arrived and was not taken (older than anything ``sink`` will get), for the caller to handle first:
+        it is not put in ``sink``, which may be bounded and not yet read."""
+        left: list[Any] = []
         with self._lock:
             while True:
                 try:
-                    item = self._answers.get_nowait()
+                    left.append(self._answers.get_nowait())
                 except queue.Empty:
                     break
-                sink.put((self.node, item))
             self._sink = sink
+        return left
 
     def stderr_text(self) -> str:
         return self.stream.stderr_text()

@@ -144,10 +144,15 @@ class Supervisor:
     def _start_all(self) -> None:
         """``go`` to every node's waiting agent: their frames come to the event queue from now on."""
         problems: dict[str, str] = {}
+        earlier: list[tuple[str, Any]] = []
         for node in self.plan.nodes:
             link = self.links[node.name]
-            link.hand_over(self._events)
+            left = link.hand_over(self._events)
             self._streams[node.name] = link
+            if any(not isinstance(item, Frame) or item.event.get("ev") == protocol.STREAM_ERROR for item in left):
+                problems[node.name] = "the node agent's connection closed before it got the run's spec"
+                continue
+            earlier += [(node.name, item) for item in left]
             try:
                 link.go(self._spec(node))
             except ClusterrunError as exc:  # a node that cannot be told is reported, the others stopped
@@ -156,6 +161,8 @@ class Supervisor:
             for link in self._streams.values():
                 link.abort()
             raise StartError(problems)
+        for name, item in earlier:  # what the agents said before the job (late answers are not events: ignored)
+            self._handle(name, item)
         now = time.time()
         for node in self.outcome.nodes.values():
             node.started = now
