@@ -14,12 +14,13 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterrun.errors import NodeNotReady, NoTorch, PythonNotFound, StartError
+from clusterrun.errors import ClusterrunError, NodeNotReady, NoTorch, PythonNotFound, StartError
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.agent_link import AgentLink, abort_all, encode_spec, open_link
 from clusterrun.plan import LaunchPlan, NodePlan
@@ -117,48 +118,71 @@ def _no_python(node: NodePlan, link: AgentLink) -> bool:
     return link.stream.wait(0.5) == 127 or any("not found" in line for line in link.stderr_text().splitlines()[-3:])
 
 
-def _check_node(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> NodeReady:
+def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> AgentLink:
+    """Start the node's agent and send it the check (the answer is waited for later, with every node's)."""
     spec = {"run_dir": node.run_dir, "cache": REMOTE_CACHE, "hashes": sorted({f.digest for f in staged}),
             "port": plan.master_port if node.node_rank == 0 else None, "idle": IDLE_TIMEOUT}
     link = open_link(transport, node)
+    link.send(f"{session.CHECK} {encode_spec(spec)}")  # a closed stream shows as the end, when the answer is read
+    return link
+
+
+def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: float) -> tuple[NodeReady, set[str]]:
+    """What the node reported, with the staged files its cache lacks; or the error that says why the node cannot
+    run the job."""
     try:
-        try:
-            report = link.ask(session.CHECK, encode_spec(spec), (session.READY,), PREFLIGHT_TIMEOUT)["report"]
-        except NodeNotReady:
-            raise
-        except Exception as exc:
-            if _no_python(node, link):
-                raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; give an interpreter "
-                                                "that exists there with --python PATH or `python` in the inventory "
-                                                "(an absolute path is safest)") from None
-            raise NodeNotReady(node.name, f"the node check failed: {getattr(exc, 'reason', exc)}") from None
-        if report["problems"]:
-            kind = NoTorch if report.get("no_torch") else NodeNotReady
-            raise kind(node.name, "; ".join(report["problems"]))
-        ready = NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
-                          ssh_address=transport.peer_address(), gpus=report.get("gpus"), link=link)
-        for f in staged:
-            cached = posixpath.join(REMOTE_CACHE, f.digest)
-            if f.digest in report["missing"]:
-                transport.put(f.local, cached)
-                ready.copied.append(str(f.local))
-            ready.stage.append((cached, f.dest, f.kind))
-        return ready
-    except BaseException:
-        link.abort()
-        raise
+        report = link.answer((session.READY,), deadline)["report"]
+    except ClusterrunError as exc:
+        if _no_python(node, link):
+            raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; give an interpreter "
+                                            "that exists there with --python PATH or `python` in the inventory "
+                                            "(an absolute path is safest)") from None
+        raise NodeNotReady(node.name, f"the node check failed: {getattr(exc, 'reason', exc)}") from None
+    if report["problems"]:
+        kind = NoTorch if report.get("no_torch") else NodeNotReady
+        raise kind(node.name, "; ".join(report["problems"]))
+    return NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
+                     ssh_address=transport.peer_address(), gpus=report.get("gpus"), link=link), set(report["missing"])
+
+
+def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], missing: set[str]) -> NodeReady:
+    for f in staged:
+        cached = posixpath.join(REMOTE_CACHE, f.digest)
+        if f.digest in missing:
+            transport.put(f.local, cached)
+            ready.copied.append(str(f.local))
+        ready.stage.append((cached, f.dest, f.kind))
+    return ready
 
 
 def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
-    """Start every node's agent, check and stage every node in parallel. Raises :class:`StartError` naming every
-    node that failed (after dropping every agent: nothing waits on a node for a job that will not come)."""
+    """Start every node's agent, check and stage every node. Raises :class:`StartError` naming every node that
+    failed (after dropping every agent: nothing waits on a node for a job that will not come).
+
+    Three steps, so that no thread waits on a node's answer: connect and start the agents (in parallel), read
+    the answers as they come (each node's agent has its own reader), copy what is missing (in parallel)."""
     staged = {node.name: files_to_stage(plan, node) for node in plan.nodes}
-    ready, problems = on_every_node(plan.nodes, lambda n: n.name,
-                                    lambda n: _check_node(plan, n, transports[n.name], staged[n.name]), "preflight")
+    nodes = {node.name: node for node in plan.nodes}
+    links, problems = on_every_node(plan.nodes, lambda n: n.name,
+                                    lambda n: _ask(plan, n, transports[n.name], staged[n.name]), "preflight")
+    deadline = time.monotonic() + PREFLIGHT_TIMEOUT
+    ready: dict[str, NodeReady] = {}
+    missing: dict[str, set[str]] = {}
+    for name, link in links.items():
+        try:
+            ready[name], missing[name] = _answer(nodes[name], link, transports[name], deadline)
+        except ClusterrunError as exc:
+            problems[name] = getattr(exc, "reason", str(exc))
+            link.abort()
+    if not problems:
+        _, copy_problems = on_every_node(
+            [nodes[name] for name in ready], lambda n: n.name,
+            lambda n: _stage(ready[n.name], transports[n.name], staged[n.name], missing[n.name]), "copy")
+        problems.update(copy_problems)
     if problems:
         drop(ready)
-        raise StartError(problems, hint="fix the above (`clusterrun plan` shows what each node would run); "
-                                        "no node was started")
+        raise StartError({n.name: problems[n.name] for n in plan.nodes if n.name in problems},
+                         hint="fix the above (`clusterrun plan` shows what each node would run); no node was started")
     return ready
 
 
