@@ -238,7 +238,8 @@ def _agent_of(run_id: str, node: str) -> int:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         if f"CLUSTERRUN_NODE={node}".encode() in environ and "torch.distributed.run" in cmd:
             ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            assert "'agent.py','exec'" in Path(f"/proc/{ppid}/cmdline").read_bytes().decode(errors="replace")
+            argv = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
+            assert argv[1] == b"-c" and b"'agent'" in argv[2] and argv[3] == b"prepare", argv[3:]
             return ppid
     raise AssertionError(f"no torchrun of {node} in run {run_id}")
 

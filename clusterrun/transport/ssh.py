@@ -166,33 +166,47 @@ def _answered_within(channel: paramiko.Channel, seconds: float) -> Iterator[thre
 
 
 class SshStream(Stream):
+    """A started command. Its stdout and stderr are both read by whoever reads :meth:`chunks`: one thread per
+    stream (a node's agent is one stream), sleeping on the channel's poll descriptor until either has data."""
+
     def __init__(self, channel: paramiko.Channel) -> None:
         self._channel = channel
         self._stderr = bytearray()
         self._lock = threading.Lock()
-        self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True, name="ssh-stderr")
-        self._stderr_thread.start()
+        self._stderr_lock = threading.Lock()
+        self._poll = channel.fileno()  # readable while stdout or stderr holds data, and once the channel ends
 
-    def _drain_stderr(self) -> None:
-        try:
-            while True:
-                chunk = self._channel.recv_stderr(4096)
+    def _take_stderr(self) -> None:
+        with self._stderr_lock, contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            while self._channel.recv_stderr_ready():
+                chunk = self._channel.recv_stderr(65536)
                 if not chunk:
-                    return
+                    break
                 self._stderr += chunk
                 del self._stderr[:-_STDERR_KEEP]
-        except (OSError, EOFError, paramiko.SSHException):
-            return
 
     def chunks(self) -> Iterator[bytes]:
+        channel = self._channel
         while True:
+            self._take_stderr()
             try:
-                chunk = self._channel.recv(_RECV_CHUNK)
+                if channel.recv_ready():
+                    chunk = channel.recv(_RECV_CHUNK)
+                    if not chunk:
+                        return
+                    yield chunk
+                    continue
+                if channel.eof_received or channel.closed:
+                    self._take_stderr()
+                    return
             except (OSError, EOFError, paramiko.SSHException):
                 return
-            if not chunk:
-                return
-            yield chunk
+            try:
+                select.select([self._poll], [], [], 1.0)
+            except (OSError, ValueError):  # the channel was closed meanwhile (abort): its descriptor is gone
+                if channel.closed:
+                    return
+                time.sleep(0.1)
 
     def send(self, text: str) -> bool:
         with self._lock:
@@ -215,6 +229,7 @@ class SshStream(Stream):
             self._channel.close()  # sshd closes the agent's stdin: it stops the job
 
     def stderr_text(self) -> str:
+        self._take_stderr()
         return bytes(self._stderr).decode("utf-8", errors="replace")
 
 
