@@ -234,7 +234,7 @@ class Bench:
 
     def run_exec(self, n: int) -> dict:
         t0 = time.perf_counter()
-        p = popen([sys.executable, "-m", "clusterrun", "exec", "-q", str(self.inventory(n)), "--", "true"], self.work,
+        p = popen([sys.executable, "-m", "clusterrun", "exec", str(self.inventory(n)), "--", "true"], self.work,
                   self.env)
         return watch(p, None, n, t0)
 
@@ -463,7 +463,7 @@ def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
     print()
     print("exec `true`: wall time, own CPU, peak RSS and threads of clusterrun; pdsh's wall time and CPU")
     print(f"{'N':>4} | {'clusterrun':>10} | {'pdsh':>6} | {'ratio':>6} | {'cr cpu':>6} | {'cr rss':>7} | "
-          f"{'threads':>7} | {'pdsh cpu':>8}")
+          f"{'threads':>7} | {'pdsh cpu':>8} | {'rc':>5}")
     for n in sorted(counts + exec_only):
         cr, pd = result["exec"][n]["clusterrun"], result["exec"][n]["pdsh"]
         a, b = m(cr, "total_s"), m(pd, "total_s")
@@ -473,7 +473,8 @@ def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
         row["exec_rss_mib"], row["exec_threads"] = m(cr, "rss_mib"), m(cr, "threads")
         print(f"{n:>4} | {fmt(a):>10} | {fmt(b):>6} | {fmt(a / b if a and b else None):>5}x | "
               f"{fmt(m(cr, 'cpu_s')):>6} | {fmt(m(cr, 'rss_mib'), '.0f') + ' MiB':>7} | "
-              f"{fmt(m(cr, 'threads'), '.0f'):>7} | {fmt(m(pd, 'cpu_s')):>8}")
+              f"{fmt(m(cr, 'threads'), '.0f'):>7} | {fmt(m(pd, 'cpu_s')):>8} | "
+              f"{','.join(str(r['rc']) for r in cr + pd):>5}")
     if "teardown" in result:
         td = result["teardown"]
         print()
