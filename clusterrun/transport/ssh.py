@@ -384,12 +384,19 @@ class SshTransport(Transport):
                     out += channel.recv(65536)
                 while channel.recv_stderr_ready():
                     err += channel.recv_stderr(65536)
-                if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                # The end of the output, not the exit status, ends the reading: sshd may send the status while
+                # the command's last lines are still on their way (a loaded node), and they would be lost.
+                ended = channel.eof_received or channel.closed
+                if ended and channel.exit_status_ready() and not channel.recv_ready() \
+                        and not channel.recv_stderr_ready():
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CommandTimeout(self.node, f"{shown} did not finish within {timeout:g}s")
-                select.select([ready], [], [], min(left, 0.5))
+                if ended:  # the output is complete; the status follows
+                    channel.status_event.wait(min(left, 0.5))
+                else:
+                    select.select([ready], [], [], min(left, 0.5))
             code = channel.recv_exit_status()
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectError(self.node, f"the ssh connection broke while running `{argv[0]}`: {exc}") from None
