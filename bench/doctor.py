@@ -1,18 +1,24 @@
-"""Doctor on the simulated cluster: wall time against node count, and measured bandwidth against shaped rates.
+"""Doctor on the simulated cluster: wall time against node count, with a fault against without, and measured
+bandwidth against shaped rates.
 
-    sudo python bench/doctor.py [--nodes 2,4,8,16] [--repeat 1]
+    sudo python bench/doctor.py [--nodes 1,8,32,64,128] [--repeat 1] [--detail] [--accuracy]
 
-One SimCluster of max(--nodes) nodes (management 200mbit, data 2gbit, tc tbf) is started once. For each N:
+One SimCluster of max(--nodes, 4) nodes (management 200mbit, data 2gbit, tc tbf) is started once. Then:
 
-  probe:  `clusterrun doctor INV --checks node` (one probe round trip per node, in parallel)
-  ping:   `clusterrun doctor INV --checks net.ping`: every pair, both ways, on both networks, as a round-robin
-          tournament. Its time minus the probe time, divided by the rounds (N-1, or N for odd N), is the cost of
-          one round; the same pings one after the other would take N(N-1) x 2 networks pings. A serial baseline,
-          `ping` run over ssh pair by pair, is measured in the same run at N <= 4 and scaled per ping.
-  full:   `clusterrun doctor INV --skip cluster.allreduce` (every check but the all-reduce)
+  scaling: for each N, `clusterrun doctor INV --json` with the default checks (every check, the all-reduce
+          included) on the first N nodes: its wall time, and the time of each of its steps (from its progress
+          lines: the probe, each active check).
+  fault:  on 4 nodes, the same doctor healthy, then with node2's data NIC dropping everything (iptables DROP:
+          TCP connects hang, like a dead switch port): both wall times and their ratio, and whether the faulted
+          report names node2 and its NIC.
+  --detail: for each N also `--checks node` (the probe alone) and `--checks net.ping` (the ping tournament:
+          N-1 rounds, or N for odd N), with a serial baseline (`ping` over ssh pair by pair) at N <= 4.
+  --accuracy: on 4 nodes, `--checks net.bandwidth --bandwidth-rounds 0` with each data link shaped at 2gbit,
+          then with node1's data link at 500mbit: each transfer against the shaped rate.
 
-Then, on 4 nodes, `--checks net.bandwidth --bandwidth-rounds 0` measures every pair both ways with each data link
-shaped at 2gbit, then with node1's data link shaped at 500mbit: each transfer is compared with the shaped rate.
+Every simulated node shares this machine's kernel, and with it one neighbour (ARP) table: the all-pairs
+tests of 32 or more nodes need more entries than its default limit (gc_thresh3 = 1024; on a real cluster each
+node has its own table). The bench raises the limit while it runs and puts it back afterwards.
 Results are printed and saved to bench/results/doctor-<timestamp>.json.
 """
 
@@ -26,24 +32,82 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from benchlib import save_results  # noqa: E402
 from simcluster import SimCluster  # noqa: E402
 from simjobs import clusterrun_env, write_inventory  # noqa: E402
 
+#: Neighbour-table limits raised while the bench runs (entries are shared by every namespace of the machine).
+NEIGH_LIMITS = {"net.ipv4.neigh.default.gc_thresh2": "32768", "net.ipv4.neigh.default.gc_thresh3": "65536"}
+PREFIX = "clusterrun: doctor: "
+
+
+@contextmanager
+def neighbour_limits() -> Iterator[None]:
+    old = {k: subprocess.run(["sysctl", "-n", k], capture_output=True, text=True, timeout=10).stdout.strip()
+           for k in NEIGH_LIMITS}
+    subprocess.run(["sysctl", "-q", "-w", *(f"{k}={v}" for k, v in NEIGH_LIMITS.items())], check=True, timeout=10)
+    try:
+        yield
+    finally:
+        subprocess.run(["sysctl", "-q", "-w", *(f"{k}={v}" for k, v in old.items() if v)], timeout=10)
+
 
 def doctor(inv: Path, work: Path, *args: str) -> tuple[float, dict]:
+    wall, report, _ = timed_doctor(inv, work, *args)
+    return wall, report
+
+
+def timed_doctor(inv: Path, work: Path, *args: str, timeout: float = 3600) -> tuple[float, dict, list[tuple[str, float]]]:
+    """Wall time, the JSON report, and (step, seconds) for each progress line doctor printed (until the next)."""
+    out = work / "doctor-out.json"
+    marks: list[tuple[float, str]] = []
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "clusterrun", "doctor", str(inv), "--json", *args], cwd=work,
-                          capture_output=True, text=True, env=clusterrun_env(), timeout=900, stdin=subprocess.DEVNULL)
-    wall = time.perf_counter() - t0
+    with open(out, "w+") as stdout:
+        proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "doctor", str(inv), "--json", *args], cwd=work,
+                                stdout=stdout, stderr=subprocess.PIPE, text=True, env=clusterrun_env(),
+                                stdin=subprocess.DEVNULL)
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:  # ends when doctor exits (its stderr closes)
+                if line.startswith(PREFIX):
+                    marks.append((time.perf_counter() - t0, line[len(PREFIX):].strip()))
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        wall = time.perf_counter() - t0
+        stdout.seek(0)
+        text = stdout.read()
+    steps = [(m, (marks[i + 1][0] if i + 1 < len(marks) else wall) - t) for i, (t, m) in enumerate(marks)]
     try:
-        return wall, json.loads(done.stdout)
+        return wall, json.loads(text), steps
     except ValueError:
-        return wall, {"error": done.stderr[-2000:]}
+        return wall, {"error": text[-2000:]}, steps
+
+
+def phases(steps: list[tuple[str, float]]) -> dict[str, float]:
+    """Seconds per phase: the probe, then each check's title line with its rounds folded in."""
+    out: dict[str, float] = {}
+    current = "start"
+    for step, secs in steps:
+        if not step.startswith(("ping round", "bandwidth round", "all-reduce of", "RDMA round")):
+            current = "probe" if step.startswith("probing") else step
+        out[current] = out.get(current, 0.0) + secs
+    return out
+
+
+def problems(report: dict) -> list[str]:
+    return [f"{c['name']}: {f['summary']}" for c in report.get("checks", []) for f in c.get("findings", [])
+            if f.get("verdict") == "fail"]
 
 
 def serial_pings(cluster: SimCluster, n: int) -> tuple[float, int]:
@@ -71,61 +135,74 @@ def transfers(report: dict) -> list[dict]:
     return []
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", default="2,4,8,16")
-    parser.add_argument("--repeat", type=int, default=1)
-    args = parser.parse_args()
-    if os.geteuid() != 0:
-        parser.error("needs root (network namespaces)")
-    counts = sorted({int(x) for x in args.nodes.split(",") if x.strip()})
-    size = max(max(counts), 4)
-    result: dict = {"nodes": counts, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "scaling": {}}
-    work = Path(tempfile.mkdtemp(prefix="clusterrun-bench-doctor-"))
-    cluster = SimCluster(size)
-    try:
-        cluster.start()
-        for n in counts:
-            inv = write_inventory(cluster, work / f"inv{n}.yaml", n, nproc=1)
-            rows = []
-            for _ in range(args.repeat):
-                probe_s, _ = doctor(inv, work, "--checks", "node")
-                ping_s, ping_report = doctor(inv, work, "--checks", "net.ping")
-                full_s, full_report = doctor(inv, work, "--skip", "cluster.allreduce", "--bandwidth-seconds", "1")
-                rows.append({"probe_s": probe_s, "ping_s": ping_s, "full_s": full_s,
-                             "ping_verdict": ping_report.get("verdict"), "full_verdict": full_report.get("verdict")})
-            rounds = n - 1 if n % 2 == 0 else n
-            entry = {k: statistics.median(r[k] for r in rows) for k in ("probe_s", "ping_s", "full_s")}
-            entry.update(rounds=rounds, pings=n * (n - 1) * 2, verdicts=[r["ping_verdict"] for r in rows])
-            entry["per_round_s"] = (entry["ping_s"] - entry["probe_s"]) / rounds
-            if n <= 4:
+def scaling(cluster: SimCluster, work: Path, counts: list[int], repeat: int, detail: bool) -> dict:
+    out: dict = {}
+    for n in counts:
+        inv = write_inventory(cluster, work / f"inv{n}.yaml", n, nproc=1)
+        rows = []
+        for _ in range(repeat):
+            wall, report, steps = timed_doctor(inv, work)
+            rows.append({"wall_s": wall, "verdict": report.get("verdict"), "phases": phases(steps),
+                         "failures": problems(report)})
+        best = min(rows, key=lambda r: r["wall_s"])
+        entry = {"wall_s": statistics.median(r["wall_s"] for r in rows), "verdicts": [r["verdict"] for r in rows],
+                 "phases": best["phases"], "failures": best["failures"][:10],
+                 "rounds": (n - 1 if n % 2 == 0 else n) if n > 1 else 0}
+        if detail:
+            probe_s, _ = doctor(inv, work, "--checks", "node")
+            ping_s, ping_report = doctor(inv, work, "--checks", "net.ping")
+            entry.update(probe_s=probe_s, ping_s=ping_s, ping_verdict=ping_report.get("verdict"),
+                         pings=n * (n - 1) * 2)
+            if 1 < n <= 4:
                 serial_s, pings = serial_pings(cluster, n)
                 entry["serial_per_ping_s"] = serial_s / pings
-            result["scaling"][n] = entry
-            print(f"N={n:3d} probe {entry['probe_s']:6.2f} s  ping {entry['ping_s']:6.2f} s ({rounds} rounds, "
-                  f"{entry['per_round_s']:.2f} s/round)  full {entry['full_s']:6.2f} s", flush=True)
-        inv4 = write_inventory(cluster, work / "bw4.yaml", 4, nproc=1)
-        _, even = doctor(inv4, work, "--checks", "net.bandwidth", "--bandwidth-rounds", "0")
-        cluster.shape("node1", "data", "500mbit")
+        out[n] = entry
+        steps_text = ", ".join(f"{k} {v:.1f}" for k, v in entry["phases"].items())
+        print(f"N={n:3d} doctor {entry['wall_s']:7.2f} s  verdict {'/'.join(map(str, entry['verdicts']))}  "
+              f"({steps_text})", flush=True)
+        for f in entry["failures"][:3]:
+            print(f"        fail {f[:160]}", flush=True)
+    return out
+
+
+def fault(cluster: SimCluster, work: Path, repeat: int) -> dict:
+    """Doctor on 4 nodes healthy, then with node2's data NIC dropping everything."""
+    inv = write_inventory(cluster, work / "fault4.yaml", 4, nproc=1)
+    healthy, faulted, named = [], [], []
+    nic = cluster.nodes[2].data_nic
+    for _ in range(repeat):
+        wall, report, steps = timed_doctor(inv, work)
+        healthy.append((wall, report.get("verdict"), phases(steps)))
+        cluster.drop_nic("node2", "data")
+        try:
+            wall, report, steps = timed_doctor(inv, work)
+        finally:
+            cluster.reset()
+        faulted.append((wall, report.get("verdict"), phases(steps)))
+        named.append([f for f in problems(report) if f.startswith("net.ping: node2: ") and nic in f])
+    h = statistics.median(w for w, _, _ in healthy)
+    f = statistics.median(w for w, _, _ in faulted)
+    result = {"healthy_s": h, "faulted_s": f, "ratio": f / h, "healthy_verdicts": [v for _, v, _ in healthy],
+              "faulted_verdicts": [v for _, v, _ in faulted], "healthy_phases": healthy[0][2],
+              "faulted_phases": faulted[0][2], "fault_named": all(named), "fault_findings": named[0]}
+    print(f"fault, 4 nodes: healthy {h:.2f} s, node2's data NIC dropped {f:.2f} s: {f / h:.2f}x "
+          f"(bound 2x); the fault named: {result['fault_named']}", flush=True)
+    for label, key in (("healthy", "healthy_phases"), ("faulted", "faulted_phases")):
+        print(f"  {label}: " + ", ".join(f"{k} {v:.1f}" for k, v in result[key].items()), flush=True)
+    return result
+
+
+def accuracy(cluster: SimCluster, work: Path) -> dict:
+    inv4 = write_inventory(cluster, work / "bw4.yaml", 4, nproc=1)
+    _, even = doctor(inv4, work, "--checks", "net.bandwidth", "--bandwidth-rounds", "0")
+    cluster.shape("node1", "data", "500mbit")
+    try:
         _, slow = doctor(inv4, work, "--checks", "net.bandwidth", "--bandwidth-rounds", "0")
-        cluster.reset()
-        result["bandwidth"] = {"all_2gbit": transfers(even), "node1_500mbit": transfers(slow),
-                               "slow_findings": [f["summary"] for f in check(slow, "net.bandwidth").get("findings", [])
-                                                 if f["verdict"] != "pass"]}
     finally:
-        cluster.stop()
-    per_ping = statistics.median(e["serial_per_ping_s"] for e in result["scaling"].values() if "serial_per_ping_s" in e)
-    print()
-    print("doctor wall time (seconds)")
-    print(f"{'N':>4} | {'probe':>6} | {'net.ping':>8} | {'rounds':>6} | {'s/round':>7} | {'serial est.':>11} | "
-          f"{'serial / ours':>13} | {'all but all-reduce':>18}")
-    for n, e in result["scaling"].items():
-        serial = per_ping * e["pings"]
-        ours = e["ping_s"] - e["probe_s"]
-        print(f"{n:>4} | {e['probe_s']:6.2f} | {e['ping_s']:8.2f} | {e['rounds']:>6} | {e['per_round_s']:7.2f} | "
-              f"{serial:11.1f} | {serial / ours if ours > 0 else float('nan'):12.1f}x | {e['full_s']:18.2f}")
-    print(f"(serial estimate: {per_ping:.2f} s per ssh+ping measured here, times N(N-1) x 2 networks)")
-    bw = result["bandwidth"]
+        cluster.reset()
+    bw = {"all_2gbit": transfers(even), "node1_500mbit": transfers(slow),
+          "slow_findings": [f["summary"] for f in check(slow, "net.bandwidth").get("findings", [])
+                            if f["verdict"] != "pass"]}
 
     def report(label: str, rows: list[dict], expect: dict[tuple[str, str], float]) -> None:
         print(f"\nbandwidth, {label}:")
@@ -138,11 +215,48 @@ def main() -> int:
            {(t["src"], t["dst"]): 5e8 for t in bw["node1_500mbit"] if t["src"] == "node1"})
     for s in bw["slow_findings"]:
         print(f"  finding: {s}")
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"doctor-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"\nsaved {path.relative_to(ROOT)}")
+    return bw
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", default="1,8,32,64,128", help="node counts, comma-separated (at most 240)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per measure (the median is reported)")
+    parser.add_argument("--no-fault", dest="fault", action="store_false", help="skip the 4-node fault comparison")
+    parser.add_argument("--detail", action="store_true", help="also time the probe and the ping tournament alone")
+    parser.add_argument("--accuracy", action="store_true", help="also compare measured bandwidth with shaped rates")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        parser.error("needs root (network namespaces)")
+    counts = sorted({int(x) for x in args.nodes.split(",") if x.strip()})
+    size = max(max(counts), 4)
+    result: dict = {"nodes": counts, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpus": os.cpu_count(),
+                    "load_before": os.getloadavg()}
+    work = Path(tempfile.mkdtemp(prefix="clusterrun-bench-doctor-"))
+    cluster = SimCluster(size)
+    with neighbour_limits():
+        try:
+            cluster.start()
+            if args.fault:
+                result["fault"] = fault(cluster, work, args.repeat)
+            result["scaling"] = scaling(cluster, work, counts, args.repeat, args.detail)
+            if args.accuracy:
+                result["bandwidth"] = accuracy(cluster, work)
+        finally:
+            cluster.stop()
+    result["load_after"] = os.getloadavg()
+    print("\ndoctor wall time, default checks (seconds)")
+    print(f"{'N':>4} | {'doctor':>8} | {'verdict':>7} | {'rounds':>6} | where the time went")
+    for n, e in result["scaling"].items():
+        top = sorted(e["phases"].items(), key=lambda kv: -kv[1])[:3]
+        print(f"{n:>4} | {e['wall_s']:8.2f} | {e['verdicts'][0]!s:>7} | {e['rounds']:>6} | "
+              + ", ".join(f"{k[:40]} {v:.1f}" for k, v in top))
+    if "fault" in result:
+        fr = result["fault"]
+        print(f"\n4 nodes: healthy {fr['healthy_s']:.2f} s, faulted {fr['faulted_s']:.2f} s, ratio {fr['ratio']:.2f}")
+    print(f"load average before {result['load_before'][0]:.1f}, after {result['load_after'][0]:.1f} "
+          f"({result['cpus']} CPUs): concurrent load on this machine disturbs these figures")
+    save_results(result, "doctor")
     return 0
 
 

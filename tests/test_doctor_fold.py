@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import clusterrun.doctor.checks.limits  # noqa: F401  (registers the checks)
-from clusterrun.doctor.checks.net import Endpoint, Network, Transfer, _judge_bandwidth
+from clusterrun.doctor.checks.net import Transfer, _judge_bandwidth
+from clusterrun.doctor.checks.paths import Endpoint, Network
 from clusterrun.doctor.facts import NodeFacts, Section
 from clusterrun.doctor.fold import fold
 from clusterrun.doctor.model import Evidence, Finding, Verdict

@@ -17,15 +17,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from clusterrun.doctor.checks.net import (
-    Endpoint,
-    Network,
-    PingOutcome,
-    Transfer,
-    _judge_bandwidth,
-    _judge_pings,
-    networks,
-)
+from clusterrun.doctor.checks.net import Transfer, _judge_bandwidth
+from clusterrun.doctor.checks.paths import Endpoint, Network, networks
+from clusterrun.doctor.checks.ping import PingOutcome, _judge_pings
 from clusterrun.doctor.facts import MISSING, NodeFacts, Section
 from clusterrun.doctor.model import Evidence, Finding, Verdict
 from clusterrun.doctor.probe import SECTIONS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from clusterrun.doctor.checks.net import Network, networks
+from clusterrun.doctor.checks.paths import Network, networks
 from clusterrun.doctor.model import Finding, Verdict
 from clusterrun.doctor.registry import Context
 

@@ -3,7 +3,8 @@
 ``listen ADDR PORT SECONDS``: listen on ADDR:PORT (0: any free port), print ``LISTENING <port>``, then for each
 connection print ``RECEIVED <bytes> <seconds>`` once its sender is done; it stops after SECONDS or when its
 stdin closes (clusterrun went away).
-``send ADDR PORT SECONDS``: connect and send as fast as possible for SECONDS; prints ``SENT <bytes>``.
+``send ADDR PORT SECONDS [CONNECT_TIMEOUT]``: connect (within CONNECT_TIMEOUT, default 5 s) and send as fast as
+possible for SECONDS; prints ``SENT <bytes>``, or ``FAILED <reason>`` when the connect does not get through.
 ``connect ADDR PORT TIMEOUT``: one TCP connect; prints ``CONNECTED`` or ``FAILED <reason>``.
 ``reach ADDR PORT SRC TIMEOUT``: a TCP connect from source address SRC (``-``: any); prints ``TCP OK`` or
 ``TCP FAILED <reason>`` followed by a ``PING`` line for ADDR, which tells a blocked port from a dead path.
@@ -62,7 +63,13 @@ if mode == "listen":
     os._exit(0)
 elif mode == "send":
     addr, port, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-    s = socket.create_connection((addr, port), timeout=5)
+    timeout = float(sys.argv[5]) if len(sys.argv) > 5 else 5.0
+    try:
+        s = socket.create_connection((addr, port), timeout=timeout)
+    except OSError as exc:
+        print("FAILED %s" % ("timed out after %gs" % timeout if isinstance(exc, socket.timeout) else exc.strerror or exc),
+              flush=True)
+        sys.exit(1)
     buf = b"\0" * (1 << 20)
     total, end = 0, time.monotonic() + seconds
     while time.monotonic() < end:

@@ -1,25 +1,118 @@
-"""Doctor's report of a node's Python: versions of Python, torch, CUDA and NCCL, the distributed backends.
+"""Doctor's report of a node's Python and the torch it would import, without importing torch.
 
-Printed as one JSON object. It imports torch (seconds of CPU): only doctor runs it, never a launch.
+Printed as one JSON object. Importing torch costs seconds of CPU and hundreds of MiB on every node, so
+this reads what is on disk instead:
+
+* ``torch``, ``cuda``, ``hip``, ``git_version``: ``torch/version.py`` of the torch that ``import torch``
+  would load (found with ``importlib.util.find_spec``, which runs none of it), read as text; the
+  package metadata's version where that file is missing.
+* ``nccl``: the version of the ``nvidia-nccl-*`` package this torch requires, where it is installed
+  (pip's CUDA builds load NCCL from it). A build with NCCL linked in says its version only when
+  imported: then ``nccl_unknown`` says so.
+* ``backends``: what the build provides (``backends_from``: ``build``): gloo in every torch of Linux,
+  macOS and Windows, NCCL in CUDA builds (RCCL in ROCm builds). MPI is in source builds only and is not
+  told. Whether they load is proven only by importing torch: ``cluster.allreduce`` does, under torchrun.
+* ``torch_error``: why there is no torch to report.
+
+Standard library only, for any Python 3.8+ a node has.
 """
+import ast
 import json
+import os
 import platform
 import sys
 
-out = {"python": platform.python_version(), "executable": sys.executable}
-try:
-    import torch
-    import torch.distributed as dist
-    out["torch"] = torch.__version__
-    out["cuda"] = torch.version.cuda
-    out["backends"] = [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
-                                       ("mpi", dist.is_mpi_available())) if ok]
+out = {"python": platform.python_version(), "executable": sys.executable, "imported": False}
+
+
+def version_file(path):
+    """The constants assigned in torch/version.py (``__version__``, ``cuda``, ``hip``, ``git_version``)."""
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    found = {}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, ast.AnnAssign) and node.value is not None else []
+        for target in targets:
+            if isinstance(target, ast.Name):
+                try:
+                    found[target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass  # computed at import time: not knowable without importing
+    return found
+
+
+def nccl_package(metadata):
+    """(name, version) of the nvidia-nccl package this torch requires and that is installed, else None."""
     try:
-        out["cuda_devices"] = torch.cuda.device_count()
-        if torch.cuda.is_available() and dist.is_nccl_available():
-            out["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
-    except Exception as exc:
-        out["cuda_error"] = "%s: %s" % (type(exc).__name__, exc)
-except Exception as exc:
+        requires = metadata.requires("torch") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for req in requires:
+        name = req.split(";")[0].strip()
+        for sep in "=<>!~[ (":
+            name = name.split(sep)[0]
+        if name.lower().replace("_", "-").startswith("nvidia-nccl"):
+            try:
+                return name, metadata.version(name)
+            except metadata.PackageNotFoundError:
+                return None
+    return None
+
+
+def package_metadata():
+    """importlib.metadata (imported only when needed: it costs more than the rest), None before Python 3.8."""
+    try:
+        import importlib.metadata as metadata
+    except ImportError:
+        return None
+    return metadata
+
+
+def report():
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError) as exc:
+        spec, out["torch_error"] = None, "%s: %s" % (type(exc).__name__, exc)
+    if spec is None or not spec.submodule_search_locations:
+        out.setdefault("torch_error", "no module named 'torch' on this python's path")
+        return
+    where = next(iter(spec.submodule_search_locations))
+    out["torch_path"] = where
+    constants = {}
+    path = os.path.join(where, "version.py")
+    try:
+        constants = version_file(path)
+    except (OSError, SyntaxError, ValueError) as exc:
+        out["version_file_error"] = "%s: %s" % (type(exc).__name__, exc)
+    version = constants.get("__version__")
+    metadata = package_metadata() if version is None or constants.get("cuda") or constants.get("hip") else None
+    if version is None and metadata is not None:
+        try:
+            version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            pass
+    if version is None:
+        out["torch_error"] = "torch at %s has no version.py and no package metadata: a broken install" % where
+        return
+    out["torch"] = str(version)
+    for key in ("cuda", "hip", "git_version"):
+        if constants.get(key):
+            out[key] = str(constants[key])
+    backends = ["gloo"]
+    if out.get("cuda") or out.get("hip"):
+        backends.append("nccl")
+        found = nccl_package(metadata) if metadata is not None else None
+        if found:
+            out["nccl"], out["nccl_from"] = found[1], found[0]
+        else:
+            out["nccl_unknown"] = "NCCL is part of this torch build: its version shows only when torch is imported"
+    out["backends"], out["backends_from"] = backends, "build"
+
+
+try:
+    report()
+except Exception as exc:  # the report must always be printed: a failure is one of its facts
     out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps(out))

@@ -9,12 +9,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from clusterrun import remote
+from clusterrun.doctor.checks.paths import Endpoint, ledger, networks
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ClusterrunError, StartError
 
 SMOKE = remote.path("allreduce_smoke")
 MARK = "CLUSTERRUN-ALLREDUCE "
+
+
+def _dead_on_data_network(ctx: Context) -> list[Endpoint]:
+    """Endpoints that this run's pair checks found dead on the data network (none when it was not tested)."""
+    book = ledger(ctx)
+    data = next((n for n in networks(ctx) if n.data), None)
+    return [] if data is None else [ep for node, ep in data.members.items() if node in book.dead(data.subnet)]
 
 
 @check("cluster.allreduce", "all-reduce across all nodes through the launch path of `up`", Scope.cluster,
@@ -29,6 +37,14 @@ def allreduce(ctx: Context) -> Iterator[Finding]:
     down = [n.name for n in ctx.inventory.nodes if n.name not in {r.name for r in ctx.reachable()}]
     if down:
         yield Finding("cluster.allreduce", Verdict.skipped, f"not every node is reachable ({', '.join(down)})")
+        return
+    dead = _dead_on_data_network(ctx)
+    if dead:  # the job would only wait for them until its time limit
+        names = ", ".join(f"{ep.node} ({ep.nic})" for ep in dead)
+        verb, them = ("reaches", "it") if len(dead) == 1 else ("reach", "them")
+        yield Finding("cluster.allreduce", Verdict.skipped,
+                      f"not run: {names} {verb} no peer on the data network (see net.ping and net.bandwidth); "
+                      f"the job would only wait for {them}", data={"dead": [ep.node for ep in dead]})
         return
     opts = ctx.options
     runs_dir = ctx.report_dir or Path("runs")

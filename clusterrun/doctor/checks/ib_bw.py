@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from clusterrun import remote
-from clusterrun.doctor.checks.net import has_tool, parallel
+from clusterrun.doctor.checks.paths import has_tool, parallel
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.probe import path_prefix
 from clusterrun.doctor.registry import Context, check

@@ -1,208 +1,40 @@
-"""Network checks that send traffic: pairwise ping per network, bandwidth on the data network, the master port.
+"""Network checks that send traffic over TCP: bandwidth between pairs on the data network, the master port.
 
 Pairs are scheduled as a round-robin tournament (:mod:`clusterrun.doctor.schedule`): all pairs of a round
-run at once, so N nodes take about N-1 rounds, not N(N-1)/2 tests one after the other.
+run at once, so N nodes take about N-1 rounds, not N(N-1)/2 tests one after the other. Every transfer first
+connects within :data:`CONNECT_TIMEOUT`, so a peer that drops everything costs seconds, not the transfer's
+whole time limit; and a node known dead on the data network (by net.ping, or by this check's own earlier
+rounds, see :class:`PathLedger`) is left out of later rounds.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import shlex
 import statistics
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
 from clusterrun import remote
-from clusterrun.doctor.checks.nics import interfaces
+from clusterrun.doctor.checks.paths import (
+    Endpoint,
+    Network,
+    has_tool,
+    ledger,
+    live_pairs,
+    networks,
+    parallel,
+    tool_argv,
+)
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
-from clusterrun.doctor.probe import path_prefix
 from clusterrun.doctor.registry import Context, check
 from clusterrun.doctor.schedule import round_robin
 from clusterrun.errors import ClusterrunError, ParseError, PlanError
-from clusterrun.facts.parsers import iperf3, ping
+from clusterrun.facts.parsers import iperf3
 from clusterrun.network import resolve_data_network
+from clusterrun.transport.base import Stream
 from clusterrun.transport.reader import LineReader
 
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    node: str
-    nic: str
-    address: str
-
-
-@dataclass(frozen=True)
-class Network:
-    subnet: str
-    members: dict[str, Endpoint]  # node -> its NIC on this subnet
-    data: bool  # the data network clusterrun plans on
-
-    @property
-    def label(self) -> str:
-        return f"{self.subnet} ({'data' if self.data else 'other'})"
-
-
-def networks(ctx: Context) -> list[Network]:
-    """Subnets that two or more reachable nodes have an inventory NIC on, from the inventory and ``ip addr``."""
-    try:
-        data = resolve_data_network(ctx.inventory)
-        data_addresses = {p.address for p in data.paths}
-    except PlanError:
-        data_addresses = set()
-    found: dict[str, dict[str, Endpoint]] = defaultdict(dict)
-    for node in ctx.reachable():
-        ifaces = interfaces(ctx, node.name)
-        for nic in node.nics:
-            iface = ifaces.get(nic.name) if ifaces else None
-            candidates = [a for a in (iface.addresses if iface else ()) if a.family in ("inet", "inet6")
-                          and a.scope != "link" and (nic.address is None or a.local == nic.address)]
-            if candidates:
-                a = candidates[0]
-                subnet = str(ipaddress.ip_interface(f"{a.local}/{a.prefixlen}").network)
-                found[subnet].setdefault(node.name, Endpoint(node.name, nic.name, a.local))
-            elif nic.address and nic.network is not None:
-                found[str(nic.network)].setdefault(node.name, Endpoint(node.name, nic.name, nic.address))
-    nets = [Network(s, m, any(e.address in data_addresses for e in m.values())) for s, m in found.items() if len(m) > 1]
-    return sorted(nets, key=lambda n: (not n.data, n.subnet))
-
-
-def parallel(jobs: list[Callable[[], T]], limit: int = 64) -> list[T]:
-    if not jobs:
-        return []
-    with ThreadPoolExecutor(max_workers=min(limit, len(jobs)), thread_name_prefix="doctor") as pool:
-        return list(pool.map(lambda job: job(), jobs))
-
-
-def tool_argv(ctx: Context, argv: list[str]) -> list[str]:
-    """``argv`` as the node runs it: through ``sh`` with ``doctor --path`` first in PATH when given."""
-    if not ctx.options.path:
-        return argv
-    return ["sh", "-c", path_prefix(ctx.options.path) + "exec " + " ".join(shlex.quote(a) for a in argv)]
-
-
-def has_tool(ctx: Context, node: str, tool: str) -> bool:
-    for line in (ctx.facts[node].output("tools") or "").splitlines():
-        name, _, path = line.partition(" ")
-        if name == tool:
-            return path.strip() not in ("", "-")
-    return False
-
-
-# ------------------------------------------------------------------------------------------- ping
-
-
-@dataclass(frozen=True, eq=False)  # compared and hashed by identity
-class PingOutcome:
-    net: Network
-    src: Endpoint
-    dst: Endpoint
-    result: ping.PingResult | None
-    error: str | None
-    evidence: Evidence
-
-    @property
-    def ok(self) -> bool:
-        return self.result is not None and self.result.received > 0
-
-
-def _ping(ctx: Context, net: Network, src: Endpoint, dst: Endpoint) -> PingOutcome:
-    count = ctx.options.ping_count
-    argv = ["ping", "-n", "-c", str(count), "-i", "0.2", "-W", "1", "-w", str(count + 2), "-I", src.address,
-            dst.address]
-    command = " ".join(shlex.quote(a) for a in argv)
-    try:
-        res = ctx.transports[src.node].run(tool_argv(ctx, ["env", "LC_ALL=C", *argv]), timeout=count + 10)
-    except ClusterrunError as exc:
-        reason = getattr(exc, "reason", None) or str(exc)
-        return PingOutcome(net, src, dst, None, reason, Evidence(command, reason, None, src.node))
-    evidence = Evidence(command, res.stdout + res.stderr, res.exit_code, src.node)
-    try:
-        return PingOutcome(net, src, dst, ping.parse(res.stdout + res.stderr), None, evidence)
-    except ParseError as exc:
-        return PingOutcome(net, src, dst, None, str(exc), evidence)
-
-
-@check("net.ping", "every node reaches every other on each network (ping)", Scope.pair, active=True)
-def pairwise_ping(ctx: Context) -> Iterator[Finding]:
-    nets = networks(ctx)
-    if not nets:
-        yield Finding("net.ping", Verdict.skipped, "no network with two or more nodes whose NICs and addresses are "
-                                                   "known (list `nics` with `ip` in the inventory)")
-        return
-    without = [n.name for n in ctx.reachable() if not has_tool(ctx, n.name, "ping")]
-    if without:
-        yield Finding("net.ping", Verdict.skipped, f"ping is not installed on {', '.join(without)}; pairs from "
-                      "there are not tested", hint="install iputils-ping", data={"nodes": without})
-    nodes = [n.name for n in ctx.reachable()]
-    outcomes: list[PingOutcome] = []
-    rounds = round_robin(nodes)
-    for i, pairs in enumerate(rounds, 1):
-        ctx.progress(f"ping round {i}/{len(rounds)}")
-        jobs: list[Callable[[], PingOutcome]] = []
-        for a, b in pairs:
-            for net in nets:
-                if a in net.members and b in net.members:
-                    for s, d in ((a, b), (b, a)):
-                        if s not in without:
-                            jobs.append(lambda net=net, s=s, d=d: _ping(ctx, net, net.members[s], net.members[d]))
-        outcomes += parallel(jobs)
-    yield from _judge_pings(nets, outcomes)
-
-
-def _judge_pings(nets: list[Network], outcomes: list[PingOutcome]) -> Iterator[Finding]:
-    good = [n for n in nets if any(o.net is n for o in outcomes) and all(o.ok for o in outcomes if o.net is n)]
-    for net in nets:
-        mine = [o for o in outcomes if o.net is net]
-        failed = [o for o in mine if not o.ok]
-        if not mine:
-            yield Finding("net.ping", Verdict.skipped, f"{net.label}: no ping ran (ping missing on its nodes)",
-                          subject=net.subnet)
-            continue
-        if not failed:
-            rtts = [o.result.rtt_avg_ms for o in mine if o.result and o.result.rtt_avg_ms is not None]
-            avg = f", average rtt {statistics.mean(rtts):.2f} ms" if rtts else ""
-            yield Finding("net.ping", Verdict.passed, f"{net.label}: all {len(mine)} directed pairs answer{avg}",
-                          subject=net.subnet, measured=f"{len(mine)}/{len(mine)}")
-            continue
-        peers: dict[str, set[str]] = defaultdict(set)  # node -> peers it failed with (either direction)
-        tested: dict[str, set[str]] = defaultdict(set)
-        for o in mine:
-            tested[o.src.node].add(o.dst.node)
-            tested[o.dst.node].add(o.src.node)
-            if not o.ok:
-                peers[o.src.node].add(o.dst.node)
-                peers[o.dst.node].add(o.src.node)
-        # A node that fails with every peer it was tested with, while others succeed among themselves, is the culprit.
-        isolated = [n for n in peers if peers[n] == tested[n] and len(tested[n]) > 1]
-        explained = {o for o in failed if o.src.node in isolated or o.dst.node in isolated}
-        fallback = next((g for g in good if g is not net), None)
-        for name in isolated:
-            ep = net.members[name]
-            advice = (f"; until it is fixed, use {fallback.subnet} (set `network.data: {fallback.subnet}` in the "
-                      f"inventory, which sets NCCL_SOCKET_IFNAME to each node's NIC there)" if fallback and net.data
-                      else "")
-            yield Finding("net.ping", Verdict.failed,
-                          f"{name}: {ep.nic} ({ep.address}) reaches no peer on {net.subnet} "
-                          f"({len(peers[name])} peer(s) tried both ways)", node=name, subject=ep.nic,
-                          measured=f"0/{len(tested[name])} peers", expected="all peers",
-                          hint=f"the NIC is up but its traffic is dropped: check its cable, switch port, VLAN and "
-                               f"firewall (iptables/nft) on {name}{advice}",
-                          evidence=tuple(o.evidence for o in failed if name in (o.src.node, o.dst.node))[:4],
-                          data={"unreachable_peers": sorted(peers[name])})
-        for o in failed:
-            if o in explained:
-                continue
-            why = o.error or (o.result.error if o.result and o.result.error else "no reply")
-            yield Finding("net.ping", Verdict.failed,
-                          f"{o.src.node} -> {o.dst.node} on {net.subnet}: {o.src.nic} gets no reply from "
-                          f"{o.dst.address} ({why})", node=o.src.node, subject=o.src.nic,
-                          hint=f"check routing and firewalls between {o.src.node} and {o.dst.node} on this network",
-                          evidence=(o.evidence,))
+#: Seconds a TCP connect between two nodes may take (the master port test, and before each transfer).
+CONNECT_TIMEOUT = 3.0
 
 
 # -------------------------------------------------------------------------------------- bandwidth
@@ -216,11 +48,16 @@ class Transfer:
     tool: str
     error: str | None
     evidence: tuple[Evidence, ...]
+    connected: bool | None = None  # whether src's TCP connect to dst got through (None: not tried)
+
+
+def _python(ctx: Context, node: str) -> str:
+    return ctx.inventory.python_of(next(n for n in ctx.inventory.nodes if n.name == node))
 
 
 def _serve(ctx: Context, dst: Endpoint, seconds: float) -> tuple[LineReader, object, int | None, str | None]:
-    python = ctx.inventory.python_of(next(n for n in ctx.inventory.nodes if n.name == dst.node))
-    stream = ctx.transports[dst.node].start(remote.argv(python, "netprobe", "listen", dst.address, 0, seconds + 30))
+    stream = ctx.transports[dst.node].start(remote.argv(_python(ctx, dst.node), "netprobe", "listen", dst.address, 0,
+                                                        seconds + 30))
     reader = LineReader(stream)
     line = reader.wait_for("LISTENING", 20)
     if line is None or not line.startswith("LISTENING"):
@@ -229,14 +66,22 @@ def _serve(ctx: Context, dst: Endpoint, seconds: float) -> tuple[LineReader, obj
     return reader, stream, int(line.split()[1]), None
 
 
-def _builtin(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float) -> Transfer:
+def _no_connect(src: Endpoint, dst: Endpoint, port: int, reply: str) -> str:
+    return f"{src.node} cannot connect to {dst.address}:{port} ({reply.removeprefix('FAILED ').strip()})"
+
+
+def _builtin(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float, vouched: bool = False) -> Transfer:
     reader, stream, port, err = _serve(ctx, dst, seconds)
     if port is None:
         return Transfer(src.node, dst.node, None, "builtin", err, ())
     try:
-        python = ctx.inventory.python_of(next(n for n in ctx.inventory.nodes if n.name == src.node))
-        argv = remote.argv(python, "netprobe", "send", dst.address, port, seconds)
-        res = ctx.transports[src.node].run(argv, timeout=seconds + 30)
+        argv = remote.argv(_python(ctx, src.node), "netprobe", "send", dst.address, port, seconds, CONNECT_TIMEOUT)
+        res = ctx.transports[src.node].run(argv, timeout=seconds + CONNECT_TIMEOUT + 30)
+        sent = res.stdout.strip().splitlines()[-1:] or [""]
+        if sent[0].startswith("FAILED"):  # the connect did not get through: nothing will be received
+            evidence = (Evidence(f"probe send {dst.address}:{port} {seconds:g}s", res.stdout + res.stderr,
+                                 res.exit_code, src.node),)
+            return Transfer(src.node, dst.node, None, "builtin", _no_connect(src, dst, port, sent[0]), evidence, False)
         got = reader.wait_for("RECEIVED", 15)
     except ClusterrunError as exc:
         return Transfer(src.node, dst.node, None, "builtin", getattr(exc, "reason", str(exc)), ())
@@ -245,41 +90,77 @@ def _builtin(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float) -> Tran
     evidence = (Evidence(f"probe send {dst.address}:{port} {seconds:g}s", res.stdout + res.stderr, res.exit_code,
                          src.node), Evidence(f"probe listen {dst.address}", got or "", None, dst.node))
     if not got or not got.startswith("RECEIVED"):
-        return Transfer(src.node, dst.node, None, "builtin", (res.stderr or res.stdout).strip()[-300:] or got, evidence)
+        return Transfer(src.node, dst.node, None, "builtin", (res.stderr or res.stdout).strip()[-300:] or got, evidence,
+                        True)
     _, nbytes, secs = got.split()
     bps = int(nbytes) * 8 / float(secs) if float(secs) > 0 else None
-    return Transfer(src.node, dst.node, bps, "builtin", None, evidence)
+    return Transfer(src.node, dst.node, bps, "builtin", None, evidence, True)
 
 
-def _iperf(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float) -> Transfer:
-    # Find a free port with the probe's listener, then hand it to iperf3's one-off server.
+def _iperf(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float, vouched: bool = False) -> Transfer:
+    # Find a free port with the probe's listener and, unless this run already saw the pair reach each other
+    # (``vouched``), connect to it from src first: iperf3 has no connect timeout before 3.5, and a client that
+    # hangs on a dead path would hold the whole round. Then hand the port to iperf3's one-off server.
     _, stream, port, err = _serve(ctx, dst, 1)
-    stream.abort()
-    if port is None:
-        return Transfer(src.node, dst.node, None, "iperf3", err, ())
-    # --forceflush: without a terminal iperf3 holds "Server listening" back until it exits.
-    server = ctx.transports[dst.node].start(tool_argv(ctx, ["timeout", str(int(seconds + 30)), "iperf3", "-s", "-1",
-                                                         "--forceflush", "-p", str(port), "-B", dst.address]))
-    sreader = LineReader(server)
+    reply, evidence = "CONNECTED", ()
     try:
-        if sreader.wait_for("Server listening", 15) is None:
-            return Transfer(src.node, dst.node, None, "iperf3", f"iperf3 server did not start on {dst.node}: "
-                            f"{server.stderr_text().strip()[-200:]}", ())
+        if port is None:
+            return Transfer(src.node, dst.node, None, "iperf3", err, ())
+        if not vouched:
+            argv = remote.argv(_python(ctx, src.node), "netprobe", "connect", dst.address, port, CONNECT_TIMEOUT)
+            res = ctx.transports[src.node].run(argv, timeout=CONNECT_TIMEOUT + 20)
+            reply = (res.stdout.strip().splitlines() or [f"FAILED no output: {res.tail(2)}"])[-1]
+            evidence = (Evidence(f"probe connect {dst.address}:{port}", res.stdout + res.stderr, res.exit_code,
+                                 src.node),)
+    except ClusterrunError as exc:
+        return Transfer(src.node, dst.node, None, "iperf3", getattr(exc, "reason", str(exc)), ())
+    finally:
+        stream.abort()  # type: ignore[attr-defined]
+    if not reply.startswith("CONNECTED"):
+        return Transfer(src.node, dst.node, None, "iperf3", _no_connect(src, dst, port, reply), evidence, False)
+    return _iperf_run(ctx, src, dst, seconds, port)
+
+
+#: Starts of iperf3's server on the port the probe's listener found: that listener may not have let go of it yet.
+SERVER_TRIES = 3
+
+
+def _start_server(ctx: Context, dst: Endpoint, seconds: float, port: int) -> tuple[Stream | None, str]:
+    """iperf3's one-off server on ``port``, started and listening, or None and why not."""
+    why = ""
+    for _ in range(SERVER_TRIES):
+        # --forceflush: without a terminal iperf3 holds "Server listening" back until it exits.
+        server = ctx.transports[dst.node].start(tool_argv(ctx, ["timeout", str(int(seconds + 30)), "iperf3", "-s",
+                                                             "-1", "--forceflush", "-p", str(port), "-B", dst.address]))
+        if LineReader(server).wait_for("Server listening", 15) is not None:
+            return server, ""
+        why = server.stderr_text().strip()[-200:]
+        server.abort()
+        if "Address already in use" not in why:
+            break
+    return None, f"iperf3 server did not start on {dst.node}: {why}"
+
+
+def _iperf_run(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float, port: int) -> Transfer:
+    server, why = _start_server(ctx, dst, seconds, port)
+    if server is None:
+        return Transfer(src.node, dst.node, None, "iperf3", why, (), True)
+    try:
         argv = ["timeout", str(int(seconds + 20)), "iperf3", "-c", dst.address, "-p", str(port), "-t", f"{seconds:g}",
                 "-B", src.address, "-J"]
         res = ctx.transports[src.node].run(tool_argv(ctx, argv), timeout=seconds + 30)
     except ClusterrunError as exc:
-        return Transfer(src.node, dst.node, None, "iperf3", getattr(exc, "reason", str(exc)), ())
+        return Transfer(src.node, dst.node, None, "iperf3", getattr(exc, "reason", str(exc)), (), True)
     finally:
         server.abort()
     evidence = (Evidence(" ".join(argv), res.stdout[-4000:] + res.stderr, res.exit_code, src.node),)
     try:
         parsed = iperf3.parse(res.stdout)
     except ParseError as exc:
-        return Transfer(src.node, dst.node, None, "iperf3", str(exc), evidence)
+        return Transfer(src.node, dst.node, None, "iperf3", str(exc), evidence, True)
     if parsed.error:
-        return Transfer(src.node, dst.node, None, "iperf3", parsed.error, evidence)
-    return Transfer(src.node, dst.node, parsed.receiver_bps, "iperf3", None, evidence)
+        return Transfer(src.node, dst.node, None, "iperf3", parsed.error, evidence, True)
+    return Transfer(src.node, dst.node, parsed.receiver_bps, "iperf3", None, evidence, True)
 
 
 def _gbit(bps: float | None) -> str:
@@ -299,18 +180,50 @@ def bandwidth(ctx: Context) -> Iterator[Finding]:
         tool = "iperf3" if all(has_tool(ctx, n, "iperf3") for n in nodes) else "builtin"
     measure = _iperf if tool == "iperf3" else _builtin
     seconds = ctx.options.bandwidth_seconds
+    book = ledger(ctx)
     transfers: list[Transfer] = []
+    untried: dict[str, set[str]] = {}  # a node known dead -> the peers it was not measured with
     for i, pairs in enumerate(rounds, 1):
-        ctx.progress(f"bandwidth round {i}/{len(rounds)} ({tool}, {len(pairs)} pair(s) at once)")
         for direction in (0, 1):  # both ways, one direction at a time: each NIC's send and receive side
-            jobs = [(lambda s=s, d=d: measure(ctx, data.members[s], data.members[d], seconds))
-                    for a, b in pairs for s, d in ((a, b), (b, a))[direction:direction + 1]]
-            transfers += parallel(jobs)
-    yield from _judge_bandwidth(ctx, data, transfers, tool)
+            live, left_out = live_pairs(pairs, book.dead(data.subnet))
+            for a, b in left_out:
+                untried.setdefault(a, set()).add(b)
+                untried.setdefault(b, set()).add(a)
+            if direction == 0:
+                ctx.progress(f"bandwidth round {i}/{len(rounds)} ({tool}, {len(live)} pair(s) at once)")
+            jobs = [(lambda s=s, d=d: measure(ctx, data.members[s], data.members[d], seconds,
+                                              d in book.reached[data.subnet][s]))
+                    for a, b in live for s, d in ((a, b), (b, a))[direction:direction + 1]]
+            done = parallel(jobs)
+            for t in done:
+                if t.connected is not None:
+                    book.record(data.subnet, t.src, t.dst, t.connected)
+            transfers += done
+    yield from _judge_bandwidth(ctx, data, transfers, tool, book.dead(data.subnet), untried)
 
 
-def _judge_bandwidth(ctx: Context, data: Network, transfers: list[Transfer], tool: str) -> Iterator[Finding]:
+def _judge_bandwidth(ctx: Context, data: Network, transfers: list[Transfer], tool: str,
+                     dead: Collection[str] = (), untried: Mapping[str, set[str]] | None = None) -> Iterator[Finding]:
+    """Findings from ``transfers``; ``dead``: nodes known to reach no peer on the data network (one finding each,
+    which stands for their failed transfers), ``untried``: the peers each was then not measured with."""
+    untried = untried or {}
+    for name in sorted(set(dead) & set(data.members), key=list(data.members).index):
+        ep = data.members[name]
+        failed = [t for t in transfers if name in (t.src, t.dst) and not t.bps]
+        failed_peers = sorted({t.src if t.dst == name else t.dst for t in failed})
+        skipped = sorted(untried.get(name, set()) - set(failed_peers))
+        counts = ", ".join(([f"{len(failed)} transfer(s) failed"] if failed else [])
+                           + ([f"{len(skipped)} peer(s) not tried"] if skipped else []))
+        yield Finding("net.bandwidth", Verdict.failed,
+                      f"{name}: {ep.nic} ({ep.address}) connects to no peer on {data.subnet}; not measured "
+                      f"({counts})", node=name, subject=ep.nic, measured="0 transfers", expected="every peer",
+                      hint=f"the NIC is up but its traffic is dropped (net.ping names it too): check its cable, switch "
+                           f"port, VLAN and firewall (iptables/nft) on {name}",
+                      evidence=tuple(e for t in failed for e in t.evidence)[:4],
+                      data={k: v for k, v in (("failed_peers", failed_peers), ("untried_peers", skipped)) if v})
     for t in transfers:
+        if t.src in dead or t.dst in dead:
+            continue  # told above, once for the node
         if not t.bps:  # None (no result) or 0 (nothing got through: an MTU black hole looks like this)
             why = t.error or ("nothing got through" if t.bps == 0 else "no result")
             yield Finding("net.bandwidth", Verdict.failed, f"{t.src} -> {t.dst} on {data.subnet}: no measure ({why})",
@@ -386,7 +299,8 @@ def master_port(ctx: Context) -> Iterator[Finding]:
         def connect(node: str) -> tuple[str, str]:
             py = ctx.inventory.python_of(next(n for n in ctx.inventory.nodes if n.name == node))
             try:
-                res = ctx.transports[node].run(remote.argv(py, "netprobe", "connect", master.address, port, 3), timeout=20)
+                argv = remote.argv(py, "netprobe", "connect", master.address, port, CONNECT_TIMEOUT)
+                res = ctx.transports[node].run(argv, timeout=CONNECT_TIMEOUT + 20)
                 return node, (res.stdout.strip().splitlines() or ["FAILED no output"])[-1]
             except ClusterrunError as exc:
                 return node, f"FAILED {getattr(exc, 'reason', exc)}"
@@ -395,13 +309,25 @@ def master_port(ctx: Context) -> Iterator[Finding]:
     finally:
         stream.abort()
     bad = [(n, r) for n, r in results if not r.startswith("CONNECTED")]
+    dead = _dead_on(ctx, master.address)
     for node, reply in bad:
+        culprit = node if node in dead else master.node if master.node in dead else None
+        hint = (f"{culprit}'s NIC on the data network reaches no peer (see net.ping): fix it first" if culprit else
+                f"a firewall on {master.node} (or between) drops it: allow TCP {port} and the ports NCCL "
+                f"and gloo pick (or the whole data subnet) between the nodes")
         yield Finding("net.port", Verdict.failed,
                       f"{node}: cannot connect to {master.node}'s master port {master.address}:{port} "
-                      f"({reply.removeprefix('FAILED ')})", node=node, subject=f"{master.address}:{port}",
-                      hint=f"a firewall on {master.node} (or between) drops it: allow TCP {port} and the ports NCCL "
-                           f"and gloo pick (or the whole data subnet) between the nodes")
+                      f"({reply.removeprefix('FAILED ')})", node=node, subject=f"{master.address}:{port}", hint=hint)
     if not bad:
         yield Finding("net.port", Verdict.passed,
                       f"{master.node}: master port {port} free, reached from {len(results)} node(s) at {master.address}",
                       node=master.node, subject=f"{master.address}:{port}")
+
+
+def _dead_on(ctx: Context, address: str) -> set[str]:
+    """Nodes the pair checks found dead on the network that has ``address`` (none when it was not tested)."""
+    book = ledger(ctx)
+    for net in networks(ctx):
+        if any(ep.address == address for ep in net.members.values()):
+            return book.dead(net.subnet)
+    return set()
