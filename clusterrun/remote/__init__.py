@@ -13,7 +13,7 @@ stacks.py           the agent's stack dumps of its workers (py-spy, or the hook 
 stackhook.py        a sitecustomize for the workers: faulthandler on a signal, for stacks without py-spy
 ready.py            the ready check before a launch: python, torch, run directory, master port, staged
                     files, the node's NICs (``check``), or the NICs alone (``facts``)
-netprobe.py         network probes for doctor and the launch's path check: listen, send, connect, reach, ping
+netprobe.py         doctor's network probes: listen, send, connect
 pyreport.py         doctor's report of the node's Python, torch, CUDA and NCCL (read from torch's files, not imported)
 allreduce_smoke.py  doctor's all-reduce, run under torchrun (needs torch)
 =================== ====================================================================================

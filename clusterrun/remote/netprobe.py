@@ -1,4 +1,5 @@
-"""Network probes that doctor and the launch's path check run on the nodes (standard library only).
+"""Network probes that doctor runs on the nodes (standard library only; the launch's own path check is done by the
+node agent, see session.py).
 
 ``listen ADDR PORT SECONDS``: listen on ADDR:PORT (0: any free port), print ``LISTENING <port>``, then for each
 connection print ``RECEIVED <bytes> <seconds>`` once its sender is done; it stops after SECONDS or when its
@@ -6,10 +7,6 @@ stdin closes (clusterrun went away).
 ``send ADDR PORT SECONDS [CONNECT_TIMEOUT]``: connect (within CONNECT_TIMEOUT, default 5 s) and send as fast as
 possible for SECONDS; prints ``SENT <bytes>``, or ``FAILED <reason>`` when the connect does not get through.
 ``connect ADDR PORT TIMEOUT``: one TCP connect; prints ``CONNECTED`` or ``FAILED <reason>``.
-``reach ADDR PORT SRC TIMEOUT``: a TCP connect from source address SRC (``-``: any); prints ``TCP OK`` or
-``TCP FAILED <reason>`` followed by a ``PING`` line for ADDR, which tells a blocked port from a dead path.
-``ping X TIMEOUT ADDR...``: one ping to each address at once; a line ``PING <addr> OK|FAILED`` each
-(``PING MISSING`` without a ping command).
 The receiver's count over the receiver's time is the measure: a sender's count includes what is still in
 socket buffers. Runs under any Python 3 the node has (it is sent inline, as ``python -c``).
 """
@@ -81,26 +78,6 @@ elif mode == "send":
     except OSError:
         pass
     print("SENT %d" % total, flush=True)
-elif mode == "reach":
-    addr, port, src, timeout = sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
-    try:
-        socket.create_connection((addr, port), timeout=timeout, source_address=None if src == "-" else (src, 0)).close()
-        print("TCP OK", flush=True)
-    except OSError as exc:
-        print("TCP FAILED %s" % ("timed out after %gs" % timeout if isinstance(exc, socket.timeout) else exc.strerror or exc),
-              flush=True)
-        mode, sys.argv[3:] = "ping", [str(timeout), addr]  # tell a blocked port from a dead path
-if mode == "ping":
-    import shutil
-    import subprocess
-    timeout, addrs = float(sys.argv[3]), sys.argv[4:]
-    if shutil.which("ping") is None:
-        print("PING MISSING", flush=True)
-        sys.exit(0)
-    procs = [(a, subprocess.Popen(["ping", "-n", "-c", "1", "-W", str(max(1, int(timeout))), a],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)) for a in addrs]
-    for a, proc in procs:
-        print("PING %s %s" % (a, "OK" if proc.wait() == 0 else "FAILED"), flush=True)
 elif mode == "connect":
     addr, port, timeout = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     try:
