@@ -69,11 +69,13 @@ class SupervisorSettings:
     def paced(self, nodes: int) -> SupervisorSettings:
         """These settings for a run of ``nodes`` nodes: heartbeats and CPU reports spaced out on large runs, so
         that clusterrun handles about as many of them per second at 256 nodes as at 32 (each costs a fraction of
-        a millisecond of its CPU, and a short run on many nodes lasts a minute). A heartbeat still goes to every
-        node four times within its agent's heartbeat timeout."""
-        beat = min(max(self.heartbeat_interval, nodes / BEATS_PER_SECOND), self.heartbeat_timeout / 4)
+        a millisecond of its CPU, and a short run on many nodes lasts a minute). The heartbeat timeout grows by
+        four times what the interval grew: a node is still declared lost only after four heartbeats in a row
+        went unanswered, as with the given settings."""
+        beat = max(self.heartbeat_interval, nodes / BEATS_PER_SECOND)
+        timeout = self.heartbeat_timeout + 4 * (beat - self.heartbeat_interval)
         load = max(self.load_every, nodes / LOADS_PER_SECOND) if self.load_every else 0.0
-        return dataclasses.replace(self, heartbeat_interval=beat, load_every=load)
+        return dataclasses.replace(self, heartbeat_interval=beat, heartbeat_timeout=timeout, load_every=load)
 
     @classmethod
     def for_run(cls, run: RunSettings, *, grace: float, timeout: float | None, path_watch: bool | None = None,

@@ -145,6 +145,26 @@ def parse_known_hosts(text: str, path: str) -> tuple[list[KnownHost], list[tuple
     return entries, skipped
 
 
+_cache: dict[tuple[str, int, int], tuple[list[KnownHost], list[tuple[int, str]]]] = {}
+_cache_lock = threading.Lock()
+
+
+def _parsed(path: str) -> tuple[list[KnownHost], list[tuple[int, str]]]:
+    """:func:`parse_known_hosts` of the file, once per version of it: every node's connection reads the same
+    file, and checking each line's key costs tens of microseconds (a cluster's file lists every node)."""
+    info = os.stat(path)
+    key = (path, info.st_mtime_ns, info.st_size)
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+    parsed = parse_known_hosts(Path(path).read_text(encoding="utf-8", errors="replace"), path)
+    with _cache_lock:
+        if len(_cache) > 16:
+            _cache.clear()
+        _cache[key] = parsed
+    return parsed
+
+
 class Verdict(enum.Enum):
     known = "known"
     unknown = "unknown"
@@ -172,11 +192,10 @@ class KnownHosts:
             if not os.path.isfile(path):
                 continue
             try:
-                text = Path(path).read_text(encoding="utf-8", errors="replace")
+                found, skipped = _parsed(path)
             except OSError as exc:
                 warn_once(log, f"{path}: cannot read this known_hosts file ({exc.strerror}); its keys are not used")
                 continue
-            found, skipped = parse_known_hosts(text, path)
             for lineno, why in skipped:
                 warn_once(log, f"{path}:{lineno}: skipped a malformed known_hosts line ({why}), as OpenSSH does; "
                                "fix or delete that line")
