@@ -67,6 +67,57 @@ def _span(seconds: float | None) -> str:
     return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
 
 
+#: Past this many ranks, the summary gives one row per outcome (the failed ranks still one each).
+FOLD_OVER = 32
+
+
+def _numbers(values: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    parts: list[str] = []
+    for value in sorted(values):
+        if parts and value == int(parts[-1].rsplit("-", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{value}"
+        else:
+            parts.append(str(value))
+    return ",".join(parts)
+
+
+def _nodes(names: list[str]) -> str:
+    from clusterrun.inventory.hostlist import compress_hostlist
+
+    unique = list(dict.fromkeys(names))
+    try:
+        text = compress_hostlist(unique)
+    except ValueError:
+        text = ",".join(unique)
+    return text if len(unique) == 1 else f"{text} ({len(unique)} nodes)"
+
+
+def summary_rows(outcome: RunOutcome) -> list[tuple[str, str, str, str, str]]:
+    """The summary table's rows (node, rank, state, exit, time): one per rank, and a node's reason where its ranks
+    do not explain its end. On a run of more than :data:`FOLD_OVER` ranks, ranks that ended alike share a row."""
+    rows: list[tuple[str, str, str, str, str]] = []
+    groups: dict[tuple[str, str], list[tuple[str, int, float | None]]] = {}
+    fold = sum(len(n.ranks) for n in outcome.nodes.values()) > FOLD_OVER
+    for node in outcome.nodes.values():
+        for rank in node.ranks.values():
+            how = rank.to_dict()["signal"] or ("" if rank.exit_code is None else str(rank.exit_code))
+            took = (rank.ended - rank.started) if rank.ended and rank.started else None
+            if fold and rank.state.value != "failed":
+                groups.setdefault((rank.state.value, how), []).append((node.name, rank.rank, took))
+            else:
+                rows.append((node.name, str(rank.rank), rank.state.value, how, _span(took)))
+        explained = any(r.state.value in ("failed", "stopped") for r in node.ranks.values())
+        if node.reason and node.state.value != "succeeded" and not explained:
+            rows.append((node.name, "-", node.state.value, "", node.reason))
+    for (state, how), members in groups.items():
+        times = [t for _, _, t in members if t is not None]
+        span = "?" if not times else _span(min(times)) if min(times) == max(times) else \
+            f"{_span(min(times))}-{_span(max(times))}"
+        rows.append((_nodes([n for n, _, _ in members]), _numbers([r for _, r, _ in members]), state, how, span))
+    return rows
+
+
 def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = None, tail_lines: int = 20) -> None:
     """The one-screen end of a run: per node and rank what happened, then the first failure and its log's tail."""
     from rich.console import Console
@@ -85,14 +136,8 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
     table = Table(box=None, padding=(0, 2), show_edge=False)
     for column in ("node", "rank", "state", "exit", "time"):
         table.add_column(column)
-    for node in outcome.nodes.values():
-        for rank in node.ranks.values():
-            how = rank.to_dict()["signal"] or ("" if rank.exit_code is None else str(rank.exit_code))
-            took = (rank.ended - rank.started) if rank.ended and rank.started else None
-            table.add_row(node.name, str(rank.rank), rank.state.value, how, _span(took))
-        explained = any(r.state.value in ("failed", "stopped") for r in node.ranks.values())
-        if node.reason and node.state.value != "succeeded" and not explained:
-            table.add_row(node.name, "-", node.state.value, "", escape(node.reason))
+    for row in summary_rows(outcome):
+        table.add_row(*(escape(cell) for cell in row))
     console.print(table)
     failure = outcome.first_failure
     if failure is not None and outcome.state is RunState.failed:
