@@ -8,6 +8,7 @@ error names the node and what to do, and no agent is left waiting on any node.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import clusterrun_env, run_clusterrun, write_inventory
+from simjobs import clusterrun_env, run_clusterrun, the_run, write_inventory
 
 pytestmark = pytest.mark.cluster
 
@@ -131,3 +132,18 @@ def test_agents_end_when_clusterrun_is_killed_before_the_job(sim_cluster: SimClu
             proc.kill()
             proc.wait(timeout=10)
     assert not wait_no_agents(sim_cluster, 3), "agents outlived the clusterrun that started them"
+
+
+def test_preflight_full_runs_doctor_while_the_agents_wait(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """`--preflight full`: doctor's network checks run between the agents' ready check and the job, and the job
+    then starts on the agents that waited."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "worker.py").write_text("print('hello from', __import__('os').environ['RANK'])\n")
+    done = run_clusterrun("up", "--preflight", "full", "--master-port", str(PORT), str(inv), "worker.py",
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "running doctor's network checks (--preflight full)" in done.stderr
+    assert "hello from 0" in done.stdout and "hello from 1" in done.stdout
+    pre = json.loads((the_run(tmp_path) / "preflight.json").read_text())
+    assert pre["mode"] == "full" and pre["doctor"]["failures"] == [] and pre["passed"] is True
+    assert not wait_no_agents(sim_cluster, 2)
