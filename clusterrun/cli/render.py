@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING, TextIO
 
 from clusterrun import redact
+from clusterrun.inventory.hostlist import compress_hostlist, compress_numbers
 from clusterrun.transport.base import shell_command
 
 if TYPE_CHECKING:
@@ -71,20 +72,7 @@ def _span(seconds: float | None) -> str:
 FOLD_OVER = 32
 
 
-def _numbers(values: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
-    parts: list[str] = []
-    for value in sorted(values):
-        if parts and value == int(parts[-1].rsplit("-", 1)[-1]) + 1:
-            parts[-1] = f"{parts[-1].split('-')[0]}-{value}"
-        else:
-            parts.append(str(value))
-    return ",".join(parts)
-
-
 def _nodes(names: list[str]) -> str:
-    from clusterrun.inventory.hostlist import compress_hostlist
-
     unique = list(dict.fromkeys(names))
     try:
         text = compress_hostlist(unique)
@@ -114,7 +102,7 @@ def summary_rows(outcome: RunOutcome) -> list[tuple[str, str, str, str, str]]:
         times = [t for _, _, t in members if t is not None]
         span = "?" if not times else _span(min(times)) if min(times) == max(times) else \
             f"{_span(min(times))}-{_span(max(times))}"
-        rows.append((_nodes([n for n, _, _ in members]), _numbers([r for _, r, _ in members]), state, how, span))
+        rows.append((_nodes([n for n, _, _ in members]), compress_numbers([r for _, r, _ in members]), state, how, span))
     return rows
 
 

@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from clusterrun.inventory.hostlist import compress_numbers
+
 _PYSPY_THREAD = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ \((?:[^)]*)\)(?:: "(?P<name>[^"]*)")?\s*$')
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^():]+):(?P<line>\d+)\)\s*$")
 _FH_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+(?: \[(?P<name>[^\]]*)\])? \(most recent call first\):")
@@ -86,25 +88,10 @@ def where(threads: Iterable[ThreadStack]) -> str | None:
     return f"{inner.function} ({posixpath.basename(user.file)}:{user.line})"
 
 
-def _ranges(ranks: list[int]) -> str:
-    """``[0, 1, 2, 4, 6, 7]`` -> ``0-2,4,6-7``."""
-    ordered = sorted(set(ranks))
-    parts = []
-    start = prev = ordered[0]
-    for rank in [*ordered[1:], None]:
-        if rank is not None and rank == prev + 1:
-            prev = rank
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if rank is not None:
-            start = prev = rank
-    return ",".join(parts)
-
-
 def ranks_text(ranks: Iterable[int]) -> str:
     """``rank 3`` or ``ranks 0-2,5``."""
     ordered = sorted(set(ranks))
-    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {_ranges(ordered)}"
+    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {compress_numbers(ordered)}"
 
 
 def digest(dumps: Mapping[int, str]) -> list[str]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from clusterrun.errors import UsageError
@@ -189,6 +189,17 @@ def compress_hostlist(names: list[str]) -> str:
         key, ranges = (head, tail), [[number, number, len(digits)]]
     flush()
     return ",".join(out)
+
+
+def compress_numbers(values: Iterable[int]) -> str:
+    """Numbers as sorted ranges, for display: ``[0, 1, 2, 5, 2]`` -> ``'0-2,5'`` (``''`` for none)."""
+    parts: list[str] = []
+    for value in sorted(set(values)):
+        if parts and value == int(parts[-1].rsplit("-", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{value}"
+        else:
+            parts.append(str(value))
+    return ",".join(parts)
 
 
 def _split_names(expr: str, flag: str) -> list[tuple[int, str]]:

@@ -17,6 +17,7 @@ from clusterrun.errors import ParseError, PlanError
 from clusterrun.facts.parsers import nvidia_smi, topo
 from clusterrun.facts.parsers.nvidia_smi import Gpu, GpuProcess
 from clusterrun.facts.parsers.topo import LinkKind
+from clusterrun.inventory.hostlist import compress_numbers
 from clusterrun.inventory.models import Node
 from clusterrun.network import resolve_data_network
 
@@ -91,20 +92,9 @@ def _gpu_node(name: str, node: Node, facts: NodeFacts, *, any_listed: bool = Tru
     return smi
 
 
-def _ranges(indices: Iterable[int]) -> str:
-    """``0-3,5``: sorted indices with runs collapsed."""
-    parts: list[str] = []
-    for i in sorted(set(indices)):
-        if parts and i == int(parts[-1].rsplit("-", 1)[-1]) + 1:
-            parts[-1] = f"{parts[-1].split('-')[0]}-{i}"
-        else:
-            parts.append(str(i))
-    return ",".join(parts)
-
-
 def _gpu_list(names: Iterable[str]) -> str:
     """``GPU0-3`` from ``GPU0``, ``GPU1``..."""
-    return "GPU" + _ranges(int(g[3:]) for g in names)
+    return "GPU" + compress_numbers(int(g[3:]) for g in names)
 
 
 def _models(gpus: Iterable[Gpu]) -> str:
@@ -157,19 +147,19 @@ def gpu_indices(ctx: Context) -> Iterator[Finding]:
         if isinstance(smi, Finding):
             yield smi
             continue
-        n, have = node.name, _ranges(smi.gpus)
+        n, have = node.name, compress_numbers(smi.gpus)
         missing = [i for i in node.gpus if i not in smi.gpus]
         if missing:
-            yield _finding(name, Verdict.failed, n, f"{n}: GPU {_ranges(missing)} listed but not present (nvidia-smi "
-                           f"shows GPU {have})", smi.section, subject=f"GPU{_ranges(missing)}",
-                           measured=f"present: {have}", expected=f"listed: {_ranges(node.gpus)}",
+            yield _finding(name, Verdict.failed, n, f"{n}: GPU {compress_numbers(missing)} listed but not present (nvidia-smi "
+                           f"shows GPU {have})", smi.section, subject=f"GPU{compress_numbers(missing)}",
+                           measured=f"present: {have}", expected=f"listed: {compress_numbers(node.gpus)}",
                            hint=f"fix `gpus` for {n} in the inventory (`nvidia-smi -L` lists the GPUs); if a GPU "
                                 "vanished, look for Xid 79 (fallen off the bus) in `dmesg` and drain the node",
                            data={"missing": missing, "present": sorted(smi.gpus)})
         else:
             yield _finding(name, Verdict.passed, n, f"{n}: all {len(node.gpus)} listed GPUs present "
-                           f"(GPU {_ranges(node.gpus)})", smi.section, subject="gpus", measured=f"present: {have}",
-                           expected=f"listed: {_ranges(node.gpus)}")
+                           f"(GPU {compress_numbers(node.gpus)})", smi.section, subject="gpus", measured=f"present: {have}",
+                           expected=f"listed: {compress_numbers(node.gpus)}")
 
 
 def _odd(name: str, what: str, values: dict[str, tuple[str, Section | None]], hint: str) -> Iterator[Finding]:
