@@ -124,12 +124,8 @@ class AgentLink:
             raise ConnectError(self.node, self._ended_why())
         return self.answer(kinds, deadline)
 
-    def said(self) -> list[str]:
-        """What the agent printed that was not an answer (an interpreter's complaint, a traceback)."""
-        return list(self._said)
-
     def _ended_why(self) -> str:
-        tail = [line for line in (self.said() + self.stream.stderr_text().strip().splitlines()) if line.strip()]
+        tail = [line for line in (self._said + self.stream.stderr_text().strip().splitlines()) if line.strip()]
         code = self.stream.wait(0.5)
         return ("the node agent ended before it answered" + (f" (exit {code})" if code is not None else "")
                 + (f": {' | '.join(tail[-3:])}" if tail else ""))
@@ -166,17 +162,8 @@ class AgentLink:
         self._reader.join(timeout)
 
 
-def prepare_argv(node: NodePlan, *, inline: bool) -> list[str]:
-    """``agent.py prepare``. Inline, the agent travels in the command line (compressed): starting a node costs
-    one round trip, and nothing has to be installed first."""
-    return remote.argv(node.python, "agent", "prepare", inline=inline)
-
-
 def open_link(transport: Transport, node: NodePlan) -> AgentLink:
-    """Start the agent on ``node``; it waits for questions, then ``go``."""
-    return AgentLink(node.name, transport.start(prepare_argv(node, inline=not transport.is_local)))
-
-
-def abort_all(links: Iterable[AgentLink]) -> None:
-    for link in links:
-        link.abort()
+    """Start ``agent.py prepare`` on ``node``; it waits for questions, then ``go``. Inline, the agent travels in
+    the command line (compressed): starting a node costs one round trip, and nothing has to be installed first."""
+    argv = remote.argv(node.python, "agent", "prepare", inline=not transport.is_local)
+    return AgentLink(node.name, transport.start(argv))

@@ -22,7 +22,7 @@ from typing import Any
 
 from clusterrun.errors import ClusterrunError, NodeNotReady, NoTorch, PythonNotFound, StartError
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.launch.agent_link import AgentLink, abort_all, encode_spec, open_link
+from clusterrun.launch.agent_link import AgentLink, encode_spec, open_link
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import session
 from clusterrun.transport.base import Transport
@@ -113,7 +113,7 @@ def files_to_stage(plan: LaunchPlan, node: NodePlan) -> list[StagedFile]:
     return staged
 
 
-def _no_python(node: NodePlan, link: AgentLink) -> bool:
+def _no_python(link: AgentLink) -> bool:
     """The agent could not even start: the shell found no such interpreter (exit 127)."""
     return link.stream.wait(0.5) == 127 or any("not found" in line for line in link.stderr_text().splitlines()[-3:])
 
@@ -133,7 +133,7 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
     try:
         report = link.answer((session.READY,), deadline)["report"]
     except ClusterrunError as exc:
-        if _no_python(node, link):
+        if _no_python(link):
             raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; give an interpreter "
                                             "that exists there with --python PATH or `python` in the inventory "
                                             "(an absolute path is safest)") from None
@@ -188,4 +188,6 @@ def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[s
 
 def drop(ready: Mapping[str, NodeReady]) -> None:
     """End the agents of ``ready`` that were never told to start (their job will not come)."""
-    abort_all(r.link for r in ready.values() if r.link is not None)
+    for r in ready.values():
+        if r.link is not None:
+            r.link.abort()
