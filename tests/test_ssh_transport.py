@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,37 @@ def test_refused_and_timeout_messages(sim_cluster: SimCluster) -> None:
     sim_cluster.partition("node3")
     with pytest.raises(ConnectError, match=r"node3: root@.* did not answer within 1s"):
         SshTransport("node3", "node3", settings(sim_cluster, connect_timeout=1.0)).connect()
+
+
+def _cipher(transport: SshTransport) -> str:
+    client = transport._client  # the negotiated cipher is only on paramiko's transport
+    assert client is not None
+    return str(client.get_transport().remote_cipher)
+
+
+def test_an_aead_cipher_is_preferred_and_a_server_without_one_still_connects(sim_cluster: SimCluster,
+                                                                           tmp_path: Path) -> None:
+    with SshTransport("node1", "node1", settings(sim_cluster)) as t:
+        assert t.run(["true"]).ok
+        assert _cipher(t).endswith("-gcm@openssh.com")  # no MAC to compute per packet
+    # A second sshd on node1 that offers only aes128-ctr: the usual ciphers are still offered after GCM.
+    node = sim_cluster.node("node1")
+    config = (sim_cluster.workdir / "node1" / "sshd_config").read_text().splitlines()
+    config = [line for line in config if not line.startswith("ListenAddress")]
+    config += [f"ListenAddress {node.mgmt_ip}:2222", "Ciphers aes128-ctr"]
+    (tmp_path / "sshd_config").write_text("\n".join(config) + "\n")
+    sshd = sim_cluster.ns_popen(node, ["/usr/sbin/sshd", "-D", "-f", str(tmp_path / "sshd_config"),
+                                       "-E", str(tmp_path / "sshd.log")], start_new_session=True)
+    try:
+        for _ in range(100):  # sshd binds within moments of its start
+            if sim_cluster.probe_tcp(node, node.mgmt_ip, 2222) == "open":
+                break
+            time.sleep(0.05)
+        with SshTransport("node1", node.mgmt_ip,
+                          settings(sim_cluster, port=2222, host_key_policy=HostKeyPolicy.off,
+                                   identity_file=str(sim_cluster.identity_file))) as t:
+            assert t.run(["true"]).ok
+            assert _cipher(t) == "aes128-ctr"
+    finally:
+        sshd.kill()
+        sshd.wait(timeout=10)
