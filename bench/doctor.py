@@ -18,7 +18,7 @@ One SimCluster of max(--nodes, 4) nodes (management 200mbit, data 2gbit, tc tbf)
 
 Every simulated node shares this machine's kernel, and with it one neighbour (ARP) table: the all-pairs
 tests of 32 or more nodes need more entries than its default limit (gc_thresh3 = 1024; on a real cluster each
-node has its own table). The bench raises the limit while it runs and puts it back afterwards.
+node has its own table). SimCluster raises the limit while a cluster is up and puts it back afterwards.
 Results are printed and saved to bench/results/doctor-<timestamp>.json.
 """
 
@@ -32,8 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,20 +42,7 @@ from benchlib import save_results  # noqa: E402
 from simcluster import SimCluster  # noqa: E402
 from simjobs import clusterrun_env, write_inventory  # noqa: E402
 
-#: Neighbour-table limits raised while the bench runs (entries are shared by every namespace of the machine).
-NEIGH_LIMITS = {"net.ipv4.neigh.default.gc_thresh2": "32768", "net.ipv4.neigh.default.gc_thresh3": "65536"}
 PREFIX = "clusterrun: doctor: "
-
-
-@contextmanager
-def neighbour_limits() -> Iterator[None]:
-    old = {k: subprocess.run(["sysctl", "-n", k], capture_output=True, text=True, timeout=10).stdout.strip()
-           for k in NEIGH_LIMITS}
-    subprocess.run(["sysctl", "-q", "-w", *(f"{k}={v}" for k, v in NEIGH_LIMITS.items())], check=True, timeout=10)
-    try:
-        yield
-    finally:
-        subprocess.run(["sysctl", "-q", "-w", *(f"{k}={v}" for k, v in old.items() if v)], timeout=10)
 
 
 def doctor(inv: Path, work: Path, *args: str) -> tuple[float, dict]:
@@ -234,16 +219,15 @@ def main() -> int:
                     "load_before": os.getloadavg()}
     work = Path(tempfile.mkdtemp(prefix="clusterrun-bench-doctor-"))
     cluster = SimCluster(size)
-    with neighbour_limits():
-        try:
-            cluster.start()
-            if args.fault:
-                result["fault"] = fault(cluster, work, args.repeat)
-            result["scaling"] = scaling(cluster, work, counts, args.repeat, args.detail)
-            if args.accuracy:
-                result["bandwidth"] = accuracy(cluster, work)
-        finally:
-            cluster.stop()
+    try:
+        cluster.start()
+        if args.fault:
+            result["fault"] = fault(cluster, work, args.repeat)
+        result["scaling"] = scaling(cluster, work, counts, args.repeat, args.detail)
+        if args.accuracy:
+            result["bandwidth"] = accuracy(cluster, work)
+    finally:
+        cluster.stop()
     result["load_after"] = os.getloadavg()
     print("\ndoctor wall time, default checks (seconds)")
     print(f"{'N':>4} | {'doctor':>8} | {'verdict':>7} | {'rounds':>6} | where the time went")

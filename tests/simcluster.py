@@ -14,6 +14,11 @@ under a file lock), so several clusters can be up at once; a cluster holds up to
 keeps any other benchmark-range packet from leaving the machine; the bridges' /24 routes are more specific
 and win.
 
+All namespaces' neighbour (ARP) entries count against one machine-wide limit (``gc_thresh3``, 1024 by
+default), where every real node has a table of its own: past it packets to new peers are dropped ("neighbor
+table overflow" in dmesg), which at 64 or more nodes looks like a firewalled port. While any cluster is up the
+limits are raised (see ``_NEIGH_LIMITS``); the last one to stop puts the values it found back.
+
 Shaping is a tbf qdisc on each node NIC's egress, so node-to-node and node-to-root traffic is shaped at the
 sender; root-to-node traffic is not shaped.
 
@@ -84,6 +89,12 @@ _LOCK_FILE = Path("/run/lock/clusterrun-simcluster.lock")
 # One owner record per live cluster (owner PID and its start time, work dir), so that the next cluster
 # can tear down the leftovers of one whose test process was killed before stop() ran.
 _STATE_DIR = Path("/run/clusterrun-simcluster")
+#: Every namespace's neighbour (ARP) entries count against one machine-wide limit (gc_thresh3, 1024 by default;
+#: past it new entries fail with "neighbor table overflow" and packets to new peers are dropped), where each
+#: real node has a table of its own. All pairs of 240 nodes on two networks need about 2 x 240 x 240 entries.
+#: Raised while any cluster is up; the values found are kept in _NEIGH_SAVED and put back by the last one.
+_NEIGH_LIMITS = {"net.ipv4.neigh.default.gc_thresh2": 65536, "net.ipv4.neigh.default.gc_thresh3": 131072}
+_NEIGH_SAVED = Path("/run/clusterrun-simcluster.neighbour-limits")
 MAX_NODES = 240
 _FIRST_HOST = 10
 # Files bind-mounted inside each node when they exist on the host: a heavy ~/.bashrc slows every ssh
@@ -292,6 +303,7 @@ class SimCluster:
                 raise RuntimeError("simulated cluster: no free name prefix (stale namespaces in /run/netns?)")
             self.workdir = Path(tempfile.mkdtemp(prefix=f"simcluster-{self.prefix}-"))
             _STATE_DIR.mkdir(mode=0o755, exist_ok=True)
+            _raise_neighbour_limits()
             (_STATE_DIR / self.prefix).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n{self.workdir}\n")
         # sshd refuses to start without its privilege separation directory (normally made by systemd).
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
@@ -558,6 +570,7 @@ class SimCluster:
                 errors = _teardown(self._tools, self.prefix, set(self._ns_inodes))
                 errors += _drop_blackhole_if_unused(self._tools)
                 (_STATE_DIR / self.prefix).unlink(missing_ok=True)
+                errors += _restore_neighbour_limits_if_unused()
             if self.workdir != Path() and self.workdir.exists():
                 shutil.rmtree(self.workdir, ignore_errors=True)
             # only now: a stop() cut short (an exception) is retried at exit
@@ -963,6 +976,37 @@ def _drop_blackhole_if_unused(tools: dict[str, str]) -> list[str]:
     return [f"blackhole route: {proc.stderr.strip()}"] if proc.returncode != 0 else []
 
 
+def _sysctl_path(key: str) -> Path:
+    return Path("/proc/sys") / key.replace(".", "/")
+
+
+def _raise_neighbour_limits() -> None:
+    """Raise the machine's neighbour-table limits (see _NEIGH_LIMITS), saving the values found first unless a
+    live cluster already did. Call under the lock."""
+    if _NEIGH_SAVED.exists():
+        return
+    found = {key: _sysctl_path(key).read_text().strip() for key in _NEIGH_LIMITS}
+    _NEIGH_SAVED.write_text("".join(f"{key} {value}\n" for key, value in found.items()))
+    for key, value in _NEIGH_LIMITS.items():
+        if int(found[key]) < value:
+            _sysctl_path(key).write_text(str(value))
+
+
+def _restore_neighbour_limits_if_unused() -> list[str]:
+    """Put the saved limits back once no cluster is left (no owner record); return errors. Call under the lock."""
+    if not _NEIGH_SAVED.exists() or (_STATE_DIR.is_dir() and any(_STATE_DIR.iterdir())):
+        return []
+    errors = []
+    for line in _NEIGH_SAVED.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        try:
+            _sysctl_path(key).write_text(value)
+        except OSError as exc:
+            errors.append(f"{key}: {exc}")
+    _NEIGH_SAVED.unlink(missing_ok=True)
+    return errors
+
+
 def _sweep_stale_locked(tools: dict[str, str]) -> list[str]:
     """Tear down every cluster whose owner process is gone; return their prefixes. Call under the lock."""
     swept = []
@@ -997,7 +1041,7 @@ def sweep_stale_clusters() -> list[str]:
     with _machine_lock():
         swept = _sweep_stale_locked(tools)
         if swept:
-            for error in _drop_blackhole_if_unused(tools):
+            for error in _drop_blackhole_if_unused(tools) + _restore_neighbour_limits_if_unused():
                 warnings.warn(error, stacklevel=2)
     return swept
 

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from simcluster import SimCluster, SimNode, _machine_lock, sweep_stale_clusters
+from simcluster import MAX_NODES, SimCluster, SimNode, _machine_lock, sweep_stale_clusters
 
 pytestmark = pytest.mark.cluster
 
@@ -117,6 +117,12 @@ def test_every_node_reaches_every_other_on_both_networks(sim_cluster: SimCluster
                 assert reach(sim_cluster, src, dst) == {"mgmt": "open", "data": "open"}, (src.name, dst.name)
     for node in sim_cluster.nodes:
         assert root_connects(node.mgmt_ip) and root_connects(node.data_ip)
+
+
+def test_the_machine_wide_neighbour_table_holds_all_pairs_of_the_largest_cluster(sim_cluster: SimCluster) -> None:
+    # Past gc_thresh3 new ARP entries fail and packets to new peers are dropped: a port would look firewalled.
+    limit = int(Path("/proc/sys/net/ipv4/neigh/default/gc_thresh3").read_text())
+    assert limit >= 2 * MAX_NODES * MAX_NODES
 
 
 def test_data_traffic_leaves_through_the_data_nic(sim_cluster: SimCluster) -> None:
