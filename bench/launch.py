@@ -19,6 +19,11 @@ Measures, per command, from its start:
   cpu       the orchestrator's own CPU (user + system, from wait4: for pdsh, with its ssh children);
   rss       its peak resident memory (ru_maxrss); threads: the most it had at once (/proc, every 20 ms).
 From those: clusterrun's CPU per added node, (cpu(N) - cpu(1)) / (N - 1), and the ratio of the torchrun times.
+clusterrun's CPU is also split (own CPU from /proc, sampled every 20 ms): start, until torchrun ran on every
+node; running, per second from then until every rank ran (heartbeats and CPU reports; the nodes are importing
+torch meanwhile, which on this machine's 2 cores takes longer the more nodes there are); end, after that. Per
+added node (running: per node), start + end + 10 s x running estimates a short run on a real cluster, where a run does not grow
+longer with its node count.
 
   (c) teardown: a 2-node clusterrun job where rank 1 exits 1 after 2 s while rank 0 sleeps: time from that exit
       (a timestamp the worker writes just before sys.exit) to the last process of the run gone.
@@ -54,6 +59,9 @@ from simjobs import clusterrun_env, write_inventory  # noqa: E402
 POLL = 0.01
 START_TIMEOUT = 120.0
 RUN_TIMEOUT = 600.0
+#: The length of the short run whose CPU per added node the report estimates (a trivial job on a real cluster).
+SHORT_RUN_S = 10.0
+TICKS = os.sysconf("SC_CLK_TCK")
 
 REPORT_PY = """\
 import os, sys
@@ -135,14 +143,36 @@ def threads_of(pid: int) -> int:
     return 0
 
 
+def own_cpu(pid: int) -> float | None:
+    """A live process's own CPU seconds so far (user + system, without its children), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_at(samples: list[tuple[float, float]], when: float | None) -> float | None:
+    """The CPU seconds of the last sample taken at or before ``when`` seconds from the start."""
+    if when is None:
+        return None
+    before = [cpu for t, cpu in samples if t <= when]
+    return before[-1] if before else None
+
+
 def watch(p: subprocess.Popen, started: Path | None, n: int, t0: float, timeout: float = RUN_TIMEOUT) -> dict:
-    """Follow ``p`` to its end: when ``started`` reached ``n`` lines, its most threads, then its own CPU and
-    peak RSS from wait4 (ended after ``timeout`` seconds at most: then its session is killed)."""
+    """Follow ``p`` to its end: when ``started`` reached ``n`` lines, its most threads, its own CPU over time
+    (sampled with the threads, every 20 ms), then its own CPU and peak RSS from wait4 (ended after ``timeout``
+    seconds at most: then its session is killed)."""
     ranks_s, most = None, 0
+    samples: list[tuple[float, float]] = []
     deadline = t0 + timeout
     status, usage = None, None
     while time.perf_counter() < deadline:
         most = max(most, threads_of(p.pid))
+        cpu = own_cpu(p.pid)
+        if cpu is not None:
+            samples.append((time.perf_counter() - t0, cpu))
         if ranks_s is None and started is not None and lines(started) >= n:
             ranks_s = time.perf_counter() - t0
         pid, status, usage = os.wait4(p.pid, os.WNOHANG)
@@ -158,7 +188,7 @@ def watch(p: subprocess.Popen, started: Path | None, n: int, t0: float, timeout:
         ranks_s = time.perf_counter() - t0
     return {"ranks_s": ranks_s, "total_s": time.perf_counter() - t0, "rc": p.returncode, "threads": most,
             "cpu_s": usage.ru_utime + usage.ru_stime if usage else None,
-            "rss_mib": usage.ru_maxrss / 1024 if usage else None}
+            "rss_mib": usage.ru_maxrss / 1024 if usage else None, "cpu_samples": samples}
 
 
 def popen(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -211,6 +241,14 @@ class Bench:
             status = json.loads(next(d for d in runs.iterdir() if d.is_dir()).joinpath("status.json").read_text())
             got["status"] = {k: status.get(k) for k in ("state", "problems", "first_failure")}
             got["torchrun_s"] = max(node["launched"] for node in status["nodes"].values()) - t0_wall
+        # Its CPU until torchrun ran everywhere (the start), and per second from then until every rank ran (the
+        # run's steady cost: heartbeats, CPU reports; here the nodes are importing torch, 2 cores for all).
+        samples = got.pop("cpu_samples")
+        start, ranks = cpu_at(samples, got.get("torchrun_s")), cpu_at(samples, got.get("ranks_s"))
+        got["cpu_start_s"] = start
+        if start is not None and ranks is not None and got["ranks_s"] - got["torchrun_s"] > 1.0:
+            got["cpu_running_per_s"] = (ranks - start) / (got["ranks_s"] - got["torchrun_s"])
+            got["cpu_end_s"] = got["cpu_s"] - ranks if got["cpu_s"] is not None else None
         return got
 
     def run_pdsh(self, n: int) -> dict:
@@ -226,6 +264,7 @@ class Bench:
         p = popen(["pdsh", "-R", "ssh", "-f", "1024", "-w", ",".join(self.hosts(n)), command], self.work,
                   self.pdsh_env())
         got = watch(p, started, n, t0)
+        got.pop("cpu_samples")
         with contextlib.suppress(OSError, ValueError):
             times = [float(line) for line in stamps.read_text().split()]
             if len(times) == n:
@@ -236,13 +275,17 @@ class Bench:
         t0 = time.perf_counter()
         p = popen([sys.executable, "-m", "clusterrun", "exec", str(self.inventory(n)), "--", "true"], self.work,
                   self.env)
-        return watch(p, None, n, t0)
+        got = watch(p, None, n, t0)
+        got.pop("cpu_samples")
+        return got
 
     def run_pdsh_exec(self, n: int) -> dict:
         t0 = time.perf_counter()
         p = popen(["pdsh", "-R", "ssh", "-f", "1024", "-w", ",".join(self.hosts(n)), "true"], self.work,
                   self.pdsh_env())
-        return watch(p, None, n, t0)
+        got = watch(p, None, n, t0)
+        got.pop("cpu_samples")
+        return got
 
     # ------------------------------------------------------------------------------------ teardown
 
@@ -432,6 +475,10 @@ def main() -> int:
     return 0
 
 
+def ms(seconds: float | None) -> float | None:
+    return seconds * 1000 if seconds is not None else None
+
+
 def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
     def m(rows: list[dict], key: str) -> float | None:
         return med([r.get(key) for r in rows])
@@ -460,6 +507,35 @@ def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
               f"{fmt(row['cpu_per_added_node_ms'], '.1f') + ' ms':>14} | {fmt(row['rss_mib'], '.0f') + ' MiB':>7} | "
               f"{fmt(row['threads'], '.0f'):>7} | {fmt(row['pdsh_cpu_s']):>8}")
     result["summary"] = summary
+    print()
+    print("clusterrun's own CPU, split: start (until torchrun ran on every node), running (per second, from then until")
+    print("every rank ran), end (after that); start and end per added node against N=1, running per node; a short")
+    print(f"run on a real cluster costs about start + end + running x its length: last column, a {SHORT_RUN_S:g} s run")
+    print(f"{'N':>4} | {'start':>6} | {'/added node':>11} | {'running':>9} | {'/node/s':>13} | {'end':>6} | "
+          f"{'/added node':>11} | {f'{SHORT_RUN_S:g} s run /node':>14}")
+    print("-" * 96)
+    for n in counts:
+        cr = result["launch"][n]["clusterrun"]
+        row = summary[n]
+        row["cpu_start_s"], row["cpu_running_per_s"], row["cpu_end_s"] = (
+            m(cr, "cpu_start_s"), m(cr, "cpu_running_per_s"), m(cr, "cpu_end_s"))
+        added = {}
+        for key in ("cpu_start_s", "cpu_end_s"):
+            here, one = row[key], summary[counts[0]].get(key) if base is not None else None
+            added[key] = (here - one) / (n - 1) if n > 1 and here is not None and one is not None else None
+        # Per node, its fixed part included (the run's first seconds at N=1 are too few for a baseline).
+        added["cpu_running_per_s"] = row["cpu_running_per_s"] / n if row["cpu_running_per_s"] is not None else None
+        row["cpu_start_per_added_node_ms"] = ms(added["cpu_start_s"])
+        row["cpu_running_per_node_ms_per_s"] = ms(added["cpu_running_per_s"])
+        row["cpu_end_per_added_node_ms"] = ms(added["cpu_end_s"])
+        short = (None if None in added.values() else
+                 added["cpu_start_s"] + added["cpu_end_s"] + SHORT_RUN_S * added["cpu_running_per_s"])
+        row["cpu_short_run_per_added_node_ms"] = ms(short)
+        print(f"{n:>4} | {fmt(row['cpu_start_s']):>6} | {fmt(row['cpu_start_per_added_node_ms'], '.1f') + ' ms':>11} | "
+              f"{fmt(ms(row['cpu_running_per_s']), '.1f') + ' ms/s':>9} | "
+              f"{fmt(row['cpu_running_per_node_ms_per_s'], '.2f') + ' ms/s':>13} | {fmt(row['cpu_end_s']):>6} | "
+              f"{fmt(row['cpu_end_per_added_node_ms'], '.1f') + ' ms':>11} | "
+              f"{fmt(row['cpu_short_run_per_added_node_ms'], '.1f') + ' ms':>14}")
     print()
     print("exec `true`: wall time, own CPU, peak RSS and threads of clusterrun; pdsh's wall time and CPU")
     print(f"{'N':>4} | {'clusterrun':>10} | {'pdsh':>6} | {'ratio':>6} | {'cr cpu':>6} | {'cr rss':>7} | "
