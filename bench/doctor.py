@@ -11,8 +11,8 @@ One SimCluster of max(--nodes, 4) nodes (management 200mbit, data 2gbit, tc tbf)
   fault:  on 4 nodes, the same doctor healthy, then with node2's data NIC dropping everything (iptables DROP:
           TCP connects hang, like a dead switch port): both wall times and their ratio, and whether the faulted
           report names node2 and its NIC.
-  --detail: for each N also `--checks node` (the probe alone) and `--checks net.ping` (the ping tournament:
-          N-1 rounds, or N for odd N), with a serial baseline (`ping` over ssh pair by pair) at N <= 4.
+  --detail: for each N also `--checks node` (the probe alone) and `--checks net.ping` (every node pinging
+          all its peers at once), with a serial baseline (`ping` over ssh pair by pair) at N <= 4.
   --accuracy: on 4 nodes, `--checks net.bandwidth --bandwidth-rounds 0` with each data link shaped at 2gbit,
           then with node1's data link at 500mbit: each transfer against the shaped rate.
 
@@ -84,7 +84,7 @@ def phases(steps: list[tuple[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     current = "start"
     for step, secs in steps:
-        if not step.startswith(("ping round", "bandwidth round", "all-reduce of", "RDMA round")):
+        if not step.startswith(("ping:", "bandwidth round", "all-reduce of", "RDMA round")):
             current = "probe" if step.startswith("probing") else step
         out[current] = out.get(current, 0.0) + secs
     return out
@@ -208,7 +208,7 @@ def main() -> int:
     parser.add_argument("--nodes", default="1,8,32,64,128", help="node counts, comma-separated (at most 240)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per measure (the median is reported)")
     parser.add_argument("--no-fault", dest="fault", action="store_false", help="skip the 4-node fault comparison")
-    parser.add_argument("--detail", action="store_true", help="also time the probe and the ping tournament alone")
+    parser.add_argument("--detail", action="store_true", help="also time the probe and the ping check alone")
     parser.add_argument("--accuracy", action="store_true", help="also compare measured bandwidth with shaped rates")
     args = parser.parse_args()
     if os.geteuid() != 0:

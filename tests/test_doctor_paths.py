@@ -3,13 +3,15 @@ out, how long a ping may wait, and how the judges tell a dead node once with the
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from clusterrun.doctor.checks.net import Transfer, _judge_bandwidth
 from clusterrun.doctor.checks.paths import DEAD_AFTER_PEERS, Endpoint, Network, PathLedger, live_pairs
-from clusterrun.doctor.checks.ping import PingOutcome, _judge_pings, ping_deadline
+from clusterrun.doctor.checks.ping import _SCRIPT, MARK, PingOutcome, _judge_pings, ping_deadline, split_sections
 from clusterrun.doctor.model import Evidence, Verdict
 from clusterrun.doctor.registry import Context
 from clusterrun.facts.parsers import ping
@@ -114,3 +116,33 @@ def test_a_ping_whose_output_was_cut_short_counts_by_its_exit_status() -> None:
     assert answered.ok
     assert [f.verdict for f in found] == [Verdict.passed]
     assert "all 2 directed pairs answer" in found[0].summary
+
+
+def _run_node_program(pairs: list[tuple[str, str]], at_once: int) -> tuple[int, str]:
+    """The ping check's node program, run here on loopback addresses."""
+    args = ["1", "0.2", str(ping_deadline(1)), str(at_once)] + [a for pair in pairs for a in pair]
+    done = subprocess.run(["sh", "-c", _SCRIPT, "sh", *args], capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout
+
+
+@pytest.mark.skipif(shutil.which("ping") is None, reason="needs ping (iputils-ping)")
+def test_the_node_program_runs_every_ping_and_returns_each_output_with_its_exit_status() -> None:
+    pairs = [("127.0.0.1", f"127.0.0.{i}") for i in range(1, 6)]  # five pings, two at a time
+    rc, out = _run_node_program(pairs, at_once=2)
+
+    assert rc == 0
+    sections = split_sections(out, len(pairs))
+    assert sorted(sections) == [0, 1, 2, 3, 4]
+    for i, (code, text) in sections.items():
+        assert code == 0
+        result = ping.parse(text)
+        assert result.received == 1 and f"127.0.0.{i + 1}" in text
+
+
+def test_sections_cut_short_or_out_of_range_are_missing_not_misread() -> None:
+    text = (f"{MARK} 0 0\nPING a\n1 packets transmitted, 1 received\n{MARK} 7 0\nstray\n"
+            f"{MARK} 1 1\nPING b\n{MARK} x 0\n")
+    sections = split_sections(text, 2)
+
+    assert sections == {0: (0, "PING a\n1 packets transmitted, 1 received\n"), 1: (1, f"PING b\n{MARK} x 0\n")}
+    assert split_sections("sh: mktemp: not found\n", 3) == {}

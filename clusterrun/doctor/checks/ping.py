@@ -1,8 +1,11 @@
-"""Pairwise ping on every network, as a round-robin tournament: all pairs of a round at once, N-1 rounds.
+"""Pairwise ping on every network: every node pings all its peers at once, one program per node.
 
-A ping that gets no reply waits out its deadline; a node whose NIC drops everything would make every round
-wait for it. Once the tests show a node dead on a network (see :class:`PathLedger`), its pairs in later
-rounds on that network are left out: the finding names the node, its NIC, and the peers not tried.
+ICMP echo is light, so unlike the bandwidth tests pings need no rounds: each node runs one short shell program
+over SSH that starts its pings (both directions of every pair are covered, each from its own source), up to
+:data:`PINGS_AT_ONCE` at a time, and prints each ping's output and exit status between markers. The whole
+check takes about one ping's deadline however many nodes there are; a NIC that drops everything costs that
+same deadline once, not once per round. Nodes already known dead on a network (see :class:`PathLedger`) are
+left out; the finding names them with the peers not tried.
 """
 
 from __future__ import annotations
@@ -17,15 +20,35 @@ from dataclasses import dataclass
 from clusterrun.doctor.checks.paths import Endpoint, Network, has_tool, ledger, networks, parallel, tool_argv
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
-from clusterrun.doctor.schedule import round_robin
 from clusterrun.errors import ClusterrunError, ParseError
 from clusterrun.facts.parsers import ping
 
 #: Seconds between the packets of one ping, and how long a ping waits past its last packet for replies.
 PING_INTERVAL = 0.2
 PING_GRACE = 1.0
-#: Pings of one round that run at once (two per pair and network; each is a thread waiting on its node).
-PING_JOBS_AT_ONCE = 512
+#: Pings one node runs at once (a node with more peers runs the rest in turns), and nodes driven at once.
+PINGS_AT_ONCE = 64
+NODES_AT_ONCE = 256
+#: Starts each ping's section in the output of a node's program: ``MARK <index> <exit status>``.
+MARK = "@@clusterrun-ping"
+
+# $1..$4: packets, interval, deadline, pings at once; then pairs of (source address, destination address).
+_SCRIPT = f"""\
+c=$1 i=$2 w=$3 k=$4; shift 4
+t=$(mktemp -d) || exit 125
+trap 'rm -rf "$t"' EXIT
+n=0
+while [ $# -ge 2 ]; do
+  (LC_ALL=C ping -n -c "$c" -i "$i" -W 1 -w "$w" -I "$1" "$2" >"$t/$n" 2>&1; echo $? >"$t/$n.rc") &
+  n=$((n + 1)); shift 2
+  if [ $((n % k)) -eq 0 ]; then wait; fi
+done
+wait
+j=0
+while [ $j -lt $n ]; do
+  echo "{MARK} $j $(cat "$t/$j.rc" 2>/dev/null || echo 255)"; cat "$t/$j"; j=$((j + 1))
+done
+"""
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity
@@ -49,26 +72,74 @@ def ping_deadline(count: int) -> int:
     return max(1, math.ceil((count - 1) * PING_INTERVAL + PING_GRACE))
 
 
-def _ping(ctx: Context, net: Network, src: Endpoint, dst: Endpoint) -> PingOutcome:
-    count = ctx.options.ping_count
-    deadline = ping_deadline(count)
-    argv = ["ping", "-n", "-c", str(count), "-i", f"{PING_INTERVAL:g}", "-W", "1", "-w", str(deadline),
+def ping_argv(count: int, src: Endpoint, dst: Endpoint) -> list[str]:
+    """One ping as the node's program runs it (shown as the evidence's command)."""
+    return ["ping", "-n", "-c", str(count), "-i", f"{PING_INTERVAL:g}", "-W", "1", "-w", str(ping_deadline(count)),
             "-I", src.address, dst.address]
-    command = " ".join(shlex.quote(a) for a in argv)
+
+
+def split_sections(text: str, expected: int) -> dict[int, tuple[int | None, str]]:
+    """``{index: (exit status, output)}`` from a node's program output; a section cut off is missing."""
+    sections: dict[int, tuple[int | None, str]] = {}
+    current: int | None = None
+    lines: list[str] = []
+    for line in text.splitlines(keepends=True):
+        words = line.split()
+        if len(words) == 3 and words[0] == MARK and words[1].isdigit():
+            if current is not None:
+                sections[current] = (sections[current][0], "".join(lines))
+            current, lines = int(words[1]), []
+            if current < expected:
+                sections[current] = (int(words[2]) if words[2].isdigit() else None, "")
+            else:
+                current = None
+        elif current is not None:
+            lines.append(line)
+    if current is not None:
+        sections[current] = (sections[current][0], "".join(lines))
+    return sections
+
+
+def _outcome(net: Network, src: Endpoint, dst: Endpoint, command: str, code: int | None, text: str) -> PingOutcome:
+    evidence = Evidence(command, text, code, src.node)
     try:
-        res = ctx.transports[src.node].run(tool_argv(ctx, ["env", "LC_ALL=C", *argv]), timeout=deadline + 10)
-    except ClusterrunError as exc:
-        reason = getattr(exc, "reason", None) or str(exc)
-        return PingOutcome(net, src, dst, None, reason, Evidence(command, reason, None, src.node))
-    evidence = Evidence(command, res.stdout + res.stderr, res.exit_code, src.node)
-    try:
-        return PingOutcome(net, src, dst, ping.parse(res.stdout + res.stderr), None, evidence)
+        return PingOutcome(net, src, dst, ping.parse(text), None, evidence)
     except ParseError as exc:
         # ping exits 0 only when every packet was answered (with -c and -w); when the output that came back lacks
         # its statistics (cut short on the way), that exit status is still ping's own verdict.
-        if res.exit_code == 0:
+        if code == 0:
             return PingOutcome(net, src, dst, None, None, evidence, answered=True)
         return PingOutcome(net, src, dst, None, str(exc), evidence)
+
+
+def _node_pings(ctx: Context, node: str, pairs: list[tuple[Network, Endpoint, Endpoint]]) -> list[PingOutcome]:
+    """Every ping from ``node``, run at once by one program there."""
+    count = ctx.options.ping_count
+    deadline = ping_deadline(count)
+    commands = [shlex.join(["env", "LC_ALL=C", *ping_argv(count, src, dst)]) for _, src, dst in pairs]
+    args = [str(count), f"{PING_INTERVAL:g}", str(deadline), str(PINGS_AT_ONCE)]
+    for _, src, dst in pairs:
+        args += [src.address, dst.address]
+    turns = math.ceil(len(pairs) / PINGS_AT_ONCE)
+    try:
+        res = ctx.transports[node].run(tool_argv(ctx, ["sh", "-c", _SCRIPT, "sh", *args]),
+                                       timeout=turns * (deadline + 2) + 10)
+    except ClusterrunError as exc:
+        reason = getattr(exc, "reason", None) or str(exc)
+        return [PingOutcome(net, src, dst, None, reason, Evidence(cmd, reason, None, node))
+                for (net, src, dst), cmd in zip(pairs, commands, strict=True)]
+    sections = split_sections(res.stdout, len(pairs))
+    outcomes = []
+    for i, ((net, src, dst), cmd) in enumerate(zip(pairs, commands, strict=True)):
+        if i in sections:
+            code, text = sections[i]
+            outcomes.append(_outcome(net, src, dst, cmd, code, text))
+        else:
+            why = (f"the node's ping program ended (exit {res.exit_code}) before this ping's output: "
+                   f"{(res.stderr.strip() or res.stdout.strip())[-300:]}")
+            outcomes.append(PingOutcome(net, src, dst, None, why, Evidence(cmd, res.stdout + res.stderr,
+                                                                           res.exit_code, node)))
+    return outcomes
 
 
 @check("net.ping", "every node reaches every other on each network (ping)", Scope.pair, active=True)
@@ -83,28 +154,27 @@ def pairwise_ping(ctx: Context) -> Iterator[Finding]:
         yield Finding("net.ping", Verdict.skipped, f"ping is not installed on {', '.join(without)}; pairs from "
                       "there are not tested", hint="install iputils-ping", data={"nodes": without})
     book = ledger(ctx)
-    outcomes: list[PingOutcome] = []
     untried: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # subnet -> node -> peers
-    rounds = round_robin([n.name for n in ctx.reachable()])
-    for i, pairs in enumerate(rounds, 1):
-        ctx.progress(f"ping round {i}/{len(rounds)}")
-        jobs: list[Callable[[], PingOutcome]] = []
-        for net in nets:
-            dead = book.dead(net.subnet)
-            for a, b in pairs:
-                if a not in net.members or b not in net.members:
+    names = [n.name for n in ctx.reachable()]
+    by_node: dict[str, list[tuple[Network, Endpoint, Endpoint]]] = defaultdict(list)
+    for net in nets:
+        dead = book.dead(net.subnet)  # known dead from an earlier check: waiting for it again tells nothing new
+        for s in names:
+            for d in names:
+                if s == d or s not in net.members or d not in net.members:
                     continue
-                if a in dead or b in dead:  # its NIC is known dead: waiting for it again tells nothing new
-                    untried[net.subnet][a].add(b)
-                    untried[net.subnet][b].add(a)
+                if s in dead or d in dead:
+                    untried[net.subnet][s].add(d)
                     continue
-                for s, d in ((a, b), (b, a)):
-                    if s not in without:
-                        jobs.append(lambda net=net, s=s, d=d: _ping(ctx, net, net.members[s], net.members[d]))
-        done = parallel(jobs, limit=PING_JOBS_AT_ONCE)
-        for o in done:
-            book.record(o.net.subnet, o.src.node, o.dst.node, o.ok)
-        outcomes += done
+                if s not in without:
+                    by_node[s].append((net, net.members[s], net.members[d]))
+    total = sum(len(p) for p in by_node.values())
+    ctx.progress(f"ping: {total} directed pair(s) on {len(nets)} network(s), every node at once")
+    jobs: list[Callable[[], list[PingOutcome]]] = [lambda node=node, pairs=pairs: _node_pings(ctx, node, pairs)
+                                                   for node, pairs in by_node.items()]
+    outcomes = [o for done in parallel(jobs, limit=NODES_AT_ONCE) for o in done]
+    for o in outcomes:
+        book.record(o.net.subnet, o.src.node, o.dst.node, o.ok)
     yield from _judge_pings(nets, outcomes, untried)
 
 
