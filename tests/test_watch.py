@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from clusterrun.launch.watch import Endpoint, PathLoss, PathWatchState, StragglerWatch
+from clusterrun.launch.watch import DataPathWatch, Endpoint, PathLoss, PathWatchState, StragglerWatch
 from clusterrun.remote.pathwatch import PathWatch
 
 
@@ -113,6 +113,41 @@ def test_probes_get_answers_and_silence_is_a_lost_path_then_ok_again() -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_node_whose_job_ended_still_answers_until_its_agent_ends() -> None:
+    """Its job over, a node stops watching its own paths but answers the others while it sends its last logs."""
+    a, b, changes = _watch_pair(dead_after=0.3)
+    b_changes: list[tuple[str, bool]] = []
+    b.on_change = lambda t, lost: b_changes.append((t.node, lost))
+    b.set_targets([{"node": "a", "address": "127.0.0.1", "port": a.port}])
+    a.start()
+    b.start()
+    try:
+        assert _until(lambda: a.received > 3 and b.received > 3)
+        b.answer_only()
+        time.sleep(1.0)  # more than three times dead_after
+        assert changes == []  # b still answers a
+        a.stop()
+        time.sleep(1.0)
+        assert b_changes == []  # and no longer judges its own paths: a's silence is not reported
+        b.stop()
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_loss_report_about_a_node_whose_job_ended_is_not_recorded() -> None:
+    recorded: list[dict] = []
+    watch = DataPathWatch(_state(3), send=lambda node, line: None, say=lambda text: None, lost=lambda v: None,
+                          record=recorded.append)
+    lost = {"state": "lost", "peer": "n2", "address": "10.0.0.3", "nic": "eth1", "since": 1.0}
+    watch.on_path("n1", lost, now=10.0, stopping=False, ended={"n2"})
+    watch.on_path("n2", {**lost, "peer": "n0"}, now=10.0, stopping=False, ended={"n2"})
+    assert recorded == []
+    assert watch.state.verdict(20.0, ended=set()) is None  # nor counted against anyone
+    watch.on_path("n1", lost, now=10.0, stopping=False, ended=set())
+    assert [e["kind"] for e in recorded] == ["path-lost"]
 
 
 def test_a_node_busy_while_the_others_wait_is_named_once() -> None:

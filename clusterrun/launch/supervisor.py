@@ -224,7 +224,8 @@ class Supervisor:
         elif kind == protocol.WATCHING and self.watch is not None:
             self.watch.on_watching(name, event)
         elif kind == protocol.PATH and self.watch is not None:
-            self.watch.on_path(name, event, now, stopping=self._stop_sent_at is not None)
+            self.watch.on_path(name, event, now, stopping=self._stop_sent_at is not None,
+                               ended={n for n, o in self.outcome.nodes.items() if o.ended is not None})
         elif kind == protocol.EXIT:
             self.relay.expect(name, event.get("logs") or {})
             if event.get("watch"):

@@ -156,10 +156,13 @@ class DataPathWatch:
         elif event.get("port"):
             self.state.ports[node] = int(event["port"])
 
-    def on_path(self, node: str, event: Mapping[str, Any], now: float, stopping: bool) -> None:
-        if stopping:
-            return
+    def on_path(self, node: str, event: Mapping[str, Any], now: float, stopping: bool,
+                ended: Collection[str] = ()) -> None:
+        """A node's report that one of its paths was lost or is back. Not one of the run's events when the job is
+        stopping, or when either end's job is over (a node that has ended no longer answers: that is no loss)."""
         peer = str(event.get("peer"))
+        if stopping or node in ended or peer in ended:
+            return
         address, nic = str(event.get("address")), event.get("nic")
         if event.get("state") == "lost":
             self.state.lost(PathLoss(node, nic, peer, address, float(event.get("since") or time.time()),

@@ -413,7 +413,7 @@ class Agent:
         status = wait_for(proc.pid)
         proc.returncode = status  # reaped here, not by Popen
         if self.watch is not None:
-            self.watch.stop()  # the job is over: its paths no longer matter
+            self.watch.answer_only()  # the job is over: its paths no longer matter, the others' still do
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             rc, signum = 128 + sig, sig
@@ -441,8 +441,12 @@ class Agent:
                                     "time": None})
             ranks[rank]["started"] = started
         watch = {"sent": self.watch.sent, "received": self.watch.received} if self.watch is not None else None
-        return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished", logs=tailer.sizes(),
-                            watch=watch)
+        try:
+            return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished", logs=tailer.sizes(),
+                                watch=watch)
+        finally:
+            if self.watch is not None:
+                self.watch.stop()
 
     def _finish(self, rc: int, signum, ranks: dict, reason: str, logs: dict | None = None,
                 watch: dict | None = None) -> int:

@@ -60,6 +60,12 @@ class PathWatch(threading.Thread):
                 key = (t["address"], int(t["port"]))
                 self.targets[key] = old.get(key) or Target(str(t["node"]), t["address"], int(t["port"]), now)
 
+    def answer_only(self) -> None:
+        """Stop probing and judging (this node's job is over: its paths no longer matter), but keep answering the
+        others' probes until :meth:`stop`: a node sending its last logs is not a lost path to the rest."""
+        with self._lock:
+            self.targets = {}
+
     def stop(self) -> None:
         self._stopping.set()
 
