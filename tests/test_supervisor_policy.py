@@ -416,6 +416,34 @@ def test_inventory_run_settings_apply_unless_a_flag_is_given() -> None:
     assert SupervisorSettings.for_run(RunSettings(), grace=1.0, timeout=None).path_watch is True
 
 
+def test_a_node_whose_frames_wait_behind_a_backlog_is_not_lost(tmp_path: Path) -> None:
+    """clusterrun falls behind (a flood of output, a starved CPU): a node whose answers wait in the queue longer
+    than the heartbeat timeout is still heard, from the moment its bytes arrived."""
+    def floods(agent: FakeAgent) -> None:
+        agent.started()
+        for i in range(60):
+            agent.out(ranks(agent)[0], f"line {i}\n")
+        agent.exit(0, ranks={r: {"rc": 0} for r in ranks(agent)})
+
+    def answers_then_finishes(agent: FakeAgent) -> None:
+        agent.started()
+        time.sleep(1.5)  # pongs only, meanwhile
+        agent.exit(0, ranks={r: {"rc": 0} for r in ranks(agent)})
+
+    c = Harness(tmp_path, {node(0): floods, node(1): answers_then_finishes})
+    write = c.sup.relay.write
+
+    def slow_write(*args: Any) -> None:  # 60 frames x 40 ms: over twice the 0.5 s heartbeat timeout behind
+        time.sleep(0.04)
+        write(*args)
+
+    c.sup.relay.write = slow_write  # type: ignore[method-assign]
+    outcome = c.run()
+
+    assert outcome.state is RunState.succeeded, outcome.first_failure
+    assert c.log(node(0), 0).count("line ") == 60
+
+
 def test_heartbeats_and_load_reports_are_spaced_out_on_large_runs() -> None:
     """Up to 32 nodes the settings are as given; beyond, clusterrun hears about as many heartbeats and CPU reports
     a second as at 32 nodes, and a node is still lost only after as many unanswered heartbeats in a row."""

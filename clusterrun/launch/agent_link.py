@@ -68,6 +68,9 @@ class AgentLink:
         self._answers: queue.Queue[Any] = queue.Queue()
         self._sink: queue.Queue[tuple[str, Any]] | None = None
         self._said: list[str] = []  # text the agent printed before the job (a Python too old, a shell's complaint)
+        #: When bytes last came from the node (monotonic), set by the reader as they arrive: the node is alive
+        #: even while the frames wait in a queue (a busy or starved clusterrun), so silence is the node's own.
+        self.heard = time.monotonic()
         self._reader = threading.Thread(target=self._pump, daemon=True, name=f"agent-{node}")
         self._reader.start()
 
@@ -83,6 +86,7 @@ class AgentLink:
         decoder = FrameDecoder()
         try:
             for chunk in self.stream.chunks():
+                self.heard = time.monotonic()
                 for frame in decoder.feed(chunk):
                     self._put(frame)
             for frame in decoder.close():

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 
 #: On a large run, at most about this many heartbeats, and CPU reports, reach clusterrun each second.
+#: Events handled in one turn of the loop at most, before its work over every node (ticks, silence, heartbeats).
+EVENTS_PER_TURN = 256
 BEATS_PER_SECOND = 32.0
 LOADS_PER_SECOND = 32 / 3  # 32 nodes report every 3 s, as given
 
@@ -338,6 +340,9 @@ class Supervisor:
             try:
                 name, item = self._events.get(timeout=0.1)
                 self._handle(name, item)
+                for _ in range(EVENTS_PER_TURN - 1):  # what else waits, before the once-a-turn work over every node
+                    name, item = self._events.get_nowait()
+                    self._handle(name, item)
             except queue.Empty:
                 pass
             self._handle_signals()
@@ -351,7 +356,7 @@ class Supervisor:
                 if self.watch is not None:
                     quiet = 3 * self.settings.heartbeat_interval  # every node answers each heartbeat at once
                     self.watch.tick(now, {n for n, o in self.outcome.nodes.items() if o.ended is not None},
-                                    {n for n, t in self._last_heard.items() if now - t > quiet})
+                                    {n for n in self._streams if now - self._heard(n, now) > quiet})
                 if self.hang is not None:
                     self.hang.tick(now, set(self._streams) - self._ended, stopping=self._stop_sent_at is not None)
             if now >= next_beat:
@@ -375,8 +380,8 @@ class Supervisor:
                 # the network: the path watch named it) is not waited for the whole stop_timeout.
                 quiet = 3 * self.settings.heartbeat_interval
                 gone = [n for n in self._streams if n not in self._ended
-                        and self._last_heard.get(n, now) < self._stop_sent_at - quiet
-                        and now - self._last_heard.get(n, now) > 2 * quiet]
+                        and self._heard(n, now) < self._stop_sent_at - quiet
+                        and now - self._heard(n, now) > 2 * quiet]
                 if gone:
                     self._give_up(gone)
         self.outcome.ended = time.time()
@@ -393,12 +398,16 @@ class Supervisor:
         for name in self._streams:
             self._last_heard[name] = now
 
+    def _heard(self, name: str, default: float) -> float:
+        """When the node was last heard from (monotonic): a frame handled, or bytes its reader got and queued."""
+        return max(self._last_heard.get(name, default), self._streams[name].heard)
+
     def _check_silent(self, now: float) -> None:
         """A node that answers no heartbeat for heartbeat_timeout is lost (network gone, node down)."""
         for name, stream in self._streams.items():
             if name in self._ended:
                 continue
-            heard = self._last_heard.setdefault(name, now)
+            heard = self._heard(name, self._last_heard.setdefault(name, now))
             if now - heard > self.settings.heartbeat_timeout:
                 stream.abort()  # its agent stops the node's processes when it stops hearing us
                 self._ended.add(name)
@@ -458,7 +467,7 @@ class Supervisor:
             self._ended.add(name)
             node = self.outcome.nodes[name]
             node.ended, node.state = time.time(), RankState.unknown
-            silent = time.monotonic() - self._last_heard.get(name, time.monotonic())
+            silent = time.monotonic() - self._heard(name, time.monotonic())
             node.reason = (f"did not confirm it stopped within {self.settings.stop_timeout:g}s"
                            if silent < self.settings.stop_timeout else
                            f"no word from the node for {silent:.0f}s (network down or node hung)")
