@@ -25,6 +25,7 @@ torch meanwhile, which on this machine's 2 cores takes longer the more nodes the
 added node (running: per node), start + end + 10 s x running estimates a short run on a real cluster, where a run does not grow
 longer with its node count.
 
+  agents: an 8-node (or smaller) job that sleeps: each node agent's own CPU per second, over 20 s.
   (c) teardown: a 2-node clusterrun job where rank 1 exits 1 after 2 s while rank 0 sleeps: time from that exit
       (a timestamp the worker writes just before sys.exit) to the last process of the run gone.
   (d) orphans: SIGKILL of the orchestrator (clusterrun vs pdsh, `sleep 60` on 2 nodes): processes still alive on
@@ -344,6 +345,27 @@ class Bench:
         self.cluster.wait_no_processes(marker, 10)
         return killed
 
+    def agent_cpu(self, n: int, seconds: float = 20.0) -> dict:
+        """The node agents' own CPU while a job sleeps: ``n`` nodes, sampled ``seconds`` apart once every rank
+        runs (each agent process is found on its node by its command line, ``... prepare``)."""
+        started, runs = self.fresh(f"agents{n}")
+        p = popen(self.clusterrun_argv(n, "sleeper.py", runs, str(started)), self.work, self.env)
+        try:
+            if wait_lines(started, n, time.perf_counter(), [p], START_TIMEOUT) is None:
+                return {"error": "the job did not start"}
+            agents = [pid for node in self.cluster.nodes[:n] for pid, cmd in self.cluster.processes(node)
+                      if cmd.rstrip().endswith(" prepare")]
+            before = {pid: own_cpu(pid) for pid in agents}
+            time.sleep(seconds)
+            after = {pid: own_cpu(pid) for pid in agents}
+            used = [after[pid] - before[pid] for pid in agents if before[pid] is not None and after[pid] is not None]
+            if not used:
+                return {"error": "no agent process found"}
+            return {"nodes": n, "agents": len(used), "seconds": seconds,
+                    "cpu_ms_per_s_per_agent": 1000 * sum(used) / len(used) / seconds}
+        finally:
+            kill_group(p)
+
     def orphans_clusterrun(self) -> dict:
         started, runs = self.fresh("orph-cr")
         p = popen(self.clusterrun_argv(2, "sleeper.py", runs, str(started)), self.work, self.env)
@@ -463,13 +485,19 @@ def main() -> int:
             result["exec"][n] = execs
             print(f"N={n:3d}  exec: clusterrun {fmt(med([r['total_s'] for r in execs['clusterrun']]))} s, "
                   f"{fmt(med([r['threads'] for r in execs['clusterrun']]), '.0f')} threads", flush=True)
+        result["agents"] = bench.agent_cpu(min(max(counts), 8))
+        print(f"node agents while the job sleeps: {result['agents']}", flush=True)
         if not args.skip_extra:
             result["teardown"] = bench.teardown()
             print(f"teardown: {fmt(result['teardown'].get('teardown_s'))} s", flush=True)
             result["orphans"] = {"clusterrun": bench.orphans_clusterrun(), "pdsh": bench.orphans_pdsh()}
     finally:
         cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        failed = [r for rows in result["launch"].values() for r in rows["clusterrun"] if r.get("rc") != 0]
+        if failed:  # their run directories (status.json, every node's logs) are the evidence: kept
+            print(f"{len(failed)} clusterrun run(s) failed; their run directories are kept under {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     report(result, counts, exec_only)
     save_results(result, "launch")
     return 0
@@ -551,6 +579,11 @@ def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
               f"{fmt(m(cr, 'cpu_s')):>6} | {fmt(m(cr, 'rss_mib'), '.0f') + ' MiB':>7} | "
               f"{fmt(m(cr, 'threads'), '.0f'):>7} | {fmt(m(pd, 'cpu_s')):>8} | "
               f"{','.join(str(r['rc']) for r in cr + pd):>5}")
+    if "agents" in result:
+        ag = result["agents"]
+        print()
+        print(f"node agents while a {ag.get('nodes')}-node job sleeps: "
+              + (ag["error"] if "error" in ag else f"{ag['cpu_ms_per_s_per_agent']:.1f} ms of CPU per second each"))
     if "teardown" in result:
         td = result["teardown"]
         print()
