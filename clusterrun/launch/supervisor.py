@@ -44,10 +44,10 @@ log = logging.getLogger(__name__)
 
 
 #: On a large run, at most about this many heartbeats, and CPU reports, reach clusterrun each second.
-#: Events handled in one turn of the loop at most, before its work over every node (ticks, silence, heartbeats).
-EVENTS_PER_TURN = 256
 BEATS_PER_SECOND = 32.0
 LOADS_PER_SECOND = 32 / 3  # 32 nodes report every 3 s, as given
+#: Events handled in one turn of the loop at most, before its work over every node (ticks, silence, heartbeats).
+EVENTS_PER_TURN = 256
 
 
 @dataclass(frozen=True)
@@ -167,9 +167,11 @@ class Supervisor:
             raise StartError(problems)
         for name, item in earlier:  # what the agents said before the job (late answers are not events: ignored)
             self._handle(name, item)
-        now = time.time()
+        now, heard = time.time(), time.monotonic()
         for node in self.outcome.nodes.values():
             node.started = now
+        for name in self._streams:  # a node's silence counts from the start of the job at the earliest
+            self._last_heard.setdefault(name, heard)
 
     # ------------------------------------------------------------ events
 
@@ -227,7 +229,7 @@ class Supervisor:
             self.watch.on_watching(name, event)
         elif kind == protocol.PATH and self.watch is not None:
             self.watch.on_path(name, event, now, stopping=self._stop_sent_at is not None,
-                               ended={n for n, o in self.outcome.nodes.items() if o.ended is not None})
+                               ended=self._jobs_ended())
         elif kind == protocol.EXIT:
             self.relay.expect(name, event.get("logs") or {})
             if event.get("watch"):
@@ -355,8 +357,8 @@ class Supervisor:
                 self.console.tick(now)  # progress bars held back by the rate limit
                 if self.watch is not None:
                     quiet = 3 * self.settings.heartbeat_interval  # every node answers each heartbeat at once
-                    self.watch.tick(now, {n for n, o in self.outcome.nodes.items() if o.ended is not None},
-                                    {n for n in self._streams if now - self._heard(n, now) > quiet})
+                    self.watch.tick(now, self._jobs_ended(),
+                                    {n for n in self._streams if now - self._heard(n) > quiet})
                 if self.hang is not None:
                     self.hang.tick(now, set(self._streams) - self._ended, stopping=self._stop_sent_at is not None)
             if now >= next_beat:
@@ -380,8 +382,8 @@ class Supervisor:
                 # the network: the path watch named it) is not waited for the whole stop_timeout.
                 quiet = 3 * self.settings.heartbeat_interval
                 gone = [n for n in self._streams if n not in self._ended
-                        and self._heard(n, now) < self._stop_sent_at - quiet
-                        and now - self._heard(n, now) > 2 * quiet]
+                        and self._heard(n) < self._stop_sent_at - quiet
+                        and now - self._heard(n) > 2 * quiet]
                 if gone:
                     self._give_up(gone)
         self.outcome.ended = time.time()
@@ -398,16 +400,20 @@ class Supervisor:
         for name in self._streams:
             self._last_heard[name] = now
 
-    def _heard(self, name: str, default: float) -> float:
+    def _heard(self, name: str) -> float:
         """When the node was last heard from (monotonic): a frame handled, or bytes its reader got and queued."""
-        return max(self._last_heard.get(name, default), self._streams[name].heard)
+        return max(self._last_heard[name], self._streams[name].heard)
+
+    def _jobs_ended(self) -> set[str]:
+        """The nodes whose job is over (their exit came, or they were given up on)."""
+        return {n for n, o in self.outcome.nodes.items() if o.ended is not None}
 
     def _check_silent(self, now: float) -> None:
         """A node that answers no heartbeat for heartbeat_timeout is lost (network gone, node down)."""
         for name, stream in self._streams.items():
             if name in self._ended:
                 continue
-            heard = self._heard(name, self._last_heard.setdefault(name, now))
+            heard = self._heard(name)
             if now - heard > self.settings.heartbeat_timeout:
                 stream.abort()  # its agent stops the node's processes when it stops hearing us
                 self._ended.add(name)
@@ -467,7 +473,7 @@ class Supervisor:
             self._ended.add(name)
             node = self.outcome.nodes[name]
             node.ended, node.state = time.time(), RankState.unknown
-            silent = time.monotonic() - self._heard(name, time.monotonic())
+            silent = time.monotonic() - self._heard(name)
             node.reason = (f"did not confirm it stopped within {self.settings.stop_timeout:g}s"
                            if silent < self.settings.stop_timeout else
                            f"no word from the node for {silent:.0f}s (network down or node hung)")
