@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from clusterrun.remote import agent
+from clusterrun.remote import procs
 
 
 @contextlib.contextmanager
@@ -21,7 +21,7 @@ def process_tree() -> Iterator[subprocess.Popen[bytes]]:
     p = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & (sleep 30 & wait) & wait"], start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while len(agent._descendants_by_scan(p.pid)) < 4 and time.monotonic() < deadline:
+        while len(procs._descendants_by_scan(p.pid)) < 4 and time.monotonic() < deadline:
             time.sleep(0.02)  # poll step of a deadline-bounded wait for the tree to form
         yield p
     finally:
@@ -32,20 +32,20 @@ def process_tree() -> Iterator[subprocess.Popen[bytes]]:
 
 def test_the_tree_from_the_kernels_children_lists_is_the_tree_from_the_parents() -> None:
     with process_tree() as p:
-        found = agent.descendants(p.pid)
+        found = procs.descendants(p.pid)
         assert len(found) == 4  # two sleeps, the subshell and its sleep
-        assert sorted(found) == sorted(agent._descendants_by_scan(p.pid))
-        assert p.pid in agent.descendants(os.getpid()) and p.pid not in found
+        assert sorted(found) == sorted(procs._descendants_by_scan(p.pid))
+        assert p.pid in procs.descendants(os.getpid()) and p.pid not in found
 
 
 def test_without_children_lists_every_process_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     with process_tree() as p:
-        expected = sorted(agent._descendants_by_scan(p.pid))
-        monkeypatch.setattr(agent, "_children", lambda pid: None)  # a kernel without /proc/<pid>/task/*/children
-        assert sorted(agent.descendants(p.pid)) == expected
+        expected = sorted(procs._descendants_by_scan(p.pid))
+        monkeypatch.setattr(procs, "_children", lambda pid: None)  # a kernel without /proc/<pid>/task/*/children
+        assert sorted(procs.descendants(p.pid)) == expected
 
 
 def test_a_process_that_is_gone_has_no_descendants() -> None:
     p = subprocess.Popen(["true"])
     p.wait(timeout=10)
-    assert agent.descendants(p.pid) == []
+    assert procs.descendants(p.pid) == []

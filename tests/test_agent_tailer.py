@@ -6,8 +6,6 @@ orchestrator's decoder, so both ends of the wire format are exercised.
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun import remote
-from clusterrun.remote import tailing
+from clusterrun.remote import protocol, tailing
 from clusterrun.remote import wire as agent_wire
 from clusterrun.remote.protocol import Frame, frames
 
@@ -134,9 +132,8 @@ def test_after_the_job_every_byte_goes_out_and_sizes_match(tmp_path: Path, wire:
 
 
 def _run_collect(spec: dict) -> list[Frame]:
-    b64 = base64.b64encode(json.dumps(spec).encode()).decode()
-    done = subprocess.run([sys.executable, str(remote.path("agent")), "collect", b64], capture_output=True, timeout=60,
-                          check=True)
+    done = subprocess.run([sys.executable, str(remote.path("agent")), "collect"], capture_output=True, timeout=60,
+                          input=(protocol.encode_spec(spec) + "\n").encode(), check=True)
     return list(frames([done.stdout]))
 
 

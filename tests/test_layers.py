@@ -2,7 +2,7 @@
 
 From the bottom: errors and remote (node-side programs), inventory (models and loaders), facts (parsers of
 tool output, a node's NICs, log hints), plan/nccl/network (pure planning), transport, runs (the run record)
-and notify (webhooks),
+and notify (webhooks), agents (clusterrun's side of the node agent: its specs, starting it, collect and sweep),
 launch (`up`), ops (exec, down, logs, init), doctor, cli. A module may import its own layer and those below,
 at the top of the file or inside a function alike.
 """
@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"plan", "nccl", "network"},
     {"transport"},
     {"runs", "notify"},
+    {"agents"},
     {"launch"},
     {"ops", "export"},
     {"doctor"},

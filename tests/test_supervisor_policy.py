@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from fake_transport import FakeAgent, FakeTransport
 
+from clusterrun.agents.link import open_link
 from clusterrun.errors import EXIT_TIMEOUT, StartError
 from clusterrun.inventory.yaml_source import parse_inventory_text
-from clusterrun.launch.agent_link import open_link
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.remote.agent import parse_failures
+from clusterrun.remote.job import parse_failures
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "torchrun"
 
 
 def stderr_lines(name: str) -> list[str]:
-    # The agent keeps each line without its line ending (agent.Agent._read_launcher).
+    # The agent keeps each line without its line ending (job.Agent._read_launcher).
     return (FIXTURES / name).read_text(encoding="utf-8").splitlines()
 
 

@@ -8,6 +8,7 @@ import click
 
 from clusterrun.cli.job_argv import JobCommand
 from clusterrun.cli.job_options import JOB_CONTEXT, job_options, with_job
+from clusterrun.remote import protocol
 
 
 def _parse_ranks(value: str | None) -> set[int] | None:
@@ -57,7 +58,7 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
               "clusterrun (`clusterrun logs RUN -f` follows it, `clusterrun down RUN` stops it).")
 @click.option("--timeout", "time_limit", type=click.FloatRange(1, 10 * 365 * 86400), metavar="SECONDS",
               help="Stop the job (exit 124) if it runs longer than this; by default it may run forever.")
-@click.option("--grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
+@click.option("--grace", type=click.FloatRange(0, 600), default=protocol.GRACE, show_default=True, metavar="SECONDS",
               help="After a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.")
 @click.option("--path-watch/--no-path-watch", default=None,
               help="While the job runs, every node checks its data paths (to rank 0's node and to the next node) "

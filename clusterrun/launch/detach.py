@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from clusterrun.agents.link import AgentLink
+from clusterrun.agents.spec import run_spec
 from clusterrun.errors import ClusterrunError, NodeNotReady, StartError
-from clusterrun.launch.agent_link import AgentLink, agent_spec
 from clusterrun.plan import LaunchPlan
 from clusterrun.remote import protocol
 
@@ -24,8 +25,8 @@ def start_detached(plan: LaunchPlan, links: Mapping[str, AgentLink],
     """``{node: when its torchrun started}``. Raises :class:`StartError` (after stopping what did start)."""
     problems: dict[str, str] = {}
     for node in plan.nodes:
-        spec = agent_spec(node, plan.run_id, grace=grace, heartbeat_timeout=0, stage=stage.get(node.name),
-                          detached=True, script_args=len(plan.job.args))
+        spec = run_spec(node, plan.run_id, grace=grace, heartbeat_timeout=0, stage=stage.get(node.name),
+                        detached=True, script_args=len(plan.job.args))
         try:
             links[node.name].go(spec)
         except ClusterrunError as exc:

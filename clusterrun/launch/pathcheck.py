@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from clusterrun.agents.link import AgentLink
 from clusterrun.errors import ClusterrunError
-from clusterrun.launch.agent_link import AgentLink
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import session
 

@@ -1,6 +1,6 @@
 """The ready check (the first step of `up`): every node in parallel proves it can run the job, and gets the files it lacks.
 
-It is the first thing the node's agent does (one program per node: :mod:`clusterrun.launch.agent_link`):
+It is the first thing the node's agent does (one program per node: :mod:`clusterrun.agents.link`):
 through the node's own python it proves the interpreter exists and has torch with torchrun (found, not
 imported: ``clusterrun doctor`` imports it), creates the run directory, checks that the master port is free
 on rank 0, reports the node's NICs and GPUs, and which staged files the node's content cache lacks. Missing
@@ -20,20 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clusterrun.agents.link import AgentLink, open_link
+from clusterrun.agents.spec import check_spec
 from clusterrun.errors import ClusterrunError, NodeNotReady, NoTorch, PythonNotFound, StartError
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.launch.agent_link import AgentLink, encode_spec, open_link
 from clusterrun.plan import LaunchPlan, NodePlan
-from clusterrun.remote import session
+from clusterrun.remote import protocol, session
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import on_every_node
 
 #: Content-addressed copies of staged files on each node (by sha256).
 REMOTE_CACHE = "~/.clusterrun/cache"
 PREFLIGHT_TIMEOUT = 60.0
-#: How long a node's agent waits for clusterrun between two steps before the job (``--preflight full`` runs
-#: doctor's network checks in between) before it gives up and ends.
-IDLE_TIMEOUT = 1800.0
 
 @dataclass(frozen=True)
 class StagedFile:
@@ -120,10 +118,10 @@ def _no_python(link: AgentLink) -> bool:
 
 def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> AgentLink:
     """Start the node's agent and send it the check (the answer is waited for later, with every node's)."""
-    spec = {"run_dir": node.run_dir, "cache": REMOTE_CACHE, "hashes": sorted({f.digest for f in staged}),
-            "port": plan.master_port if node.node_rank == 0 else None, "idle": IDLE_TIMEOUT}
+    spec = check_spec(node.run_dir, cache=REMOTE_CACHE, hashes=[f.digest for f in staged],
+                      port=plan.master_port if node.node_rank == 0 else None)
     link = open_link(transport, node)
-    link.send(f"{session.CHECK} {encode_spec(spec)}")  # a closed stream shows as the end, when the answer is read
+    link.check(spec)  # a closed stream shows as the end, when the answer is read
     return link
 
 
@@ -131,13 +129,16 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
     """What the node reported, with the staged files its cache lacks; or the error that says why the node cannot
     run the job."""
     try:
-        report = link.answer((session.READY,), deadline)["report"]
+        answer = link.answer((session.READY, protocol.ERROR), deadline)
     except ClusterrunError as exc:
         if _no_python(link):
             raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; give an interpreter "
                                             "that exists there with --python PATH or `python` in the inventory "
                                             "(an absolute path is safest)") from None
         raise NodeNotReady(node.name, f"the node check failed: {getattr(exc, 'reason', exc)}") from None
+    if answer.get("ev") == protocol.ERROR:  # the node refused the check's spec
+        raise NodeNotReady(node.name, f"the node check failed: {answer.get('text')}")
+    report = answer["report"]
     if report["problems"]:
         kind = NoTorch if report.get("no_torch") else NodeNotReady
         raise kind(node.name, "; ".join(report["problems"]))

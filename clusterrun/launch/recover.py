@@ -8,111 +8,26 @@ alive there (lost nodes only) and sends the bytes that never arrived, which are 
 ``runs/<id>/<node>/rank<R>.log``. What still cannot be had is listed, per rank, with the place on the
 node where the whole log stays: in the notes, the summary and ``status.json``.
 
-:func:`collect` is that one command; ``clusterrun logs`` of a detached run uses it too (without stopping
-anything). What was already received is given as byte offsets per rank file, so nothing arrives twice.
+That one command is :func:`clusterrun.agents.collect.collect`; ``clusterrun logs`` of a detached run uses it
+too (without stopping anything). What was already received is given as byte offsets per rank file, so nothing
+arrives twice.
 """
 
 from __future__ import annotations
 
-import json
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
 
-from clusterrun import remote
-from clusterrun.errors import ClusterrunError, CommandTimeout
-from clusterrun.launch.agent_link import encode_spec
+from clusterrun.agents.collect import collect
+from clusterrun.agents.sweep import SWEEP_TIMEOUT, sweep
+from clusterrun.errors import ClusterrunError
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
 from clusterrun.launch.relay import LogRelay
 from clusterrun.plan import LaunchPlan, NodePlan
-from clusterrun.remote import protocol
-from clusterrun.remote.protocol import frames
 from clusterrun.runs import RunDir
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import fan_out
-
-#: Receives fetched output: (global rank, "stdout" | "stderr", bytes, more of this record follows).
-OutSink = Callable[[int, str, bytes, bool], None]
-
-
-@dataclass
-class Collected:
-    node: str
-    files: list[dict[str, Any]] = field(default_factory=list)  # per rank file: rank, stream, bytes, lines, skipped_*
-    fetched_bytes: int = 0
-    fetched_lines: int = 0
-    swept: list[int] = field(default_factory=list)  # processes stopped (sweep=True)
-    alive: int | None = None  # processes of the run still there (sweep=False); None when unknown
-    record: dict[str, Any] | None = None  # the node's exit.json once its torchrun ended
-    exit_code: int | None = 0  # of the collect command itself (None: it did not say)
-    tail: str = ""  # what it wrote to stderr last, for a failure message
-
-    @property
-    def skipped_bytes(self) -> int:
-        return sum(int(f.get("skipped_bytes") or 0) for f in self.files)
-
-    @property
-    def skipped_lines(self) -> int:
-        return sum(int(f.get("skipped_lines") or 0) for f in self.files)
-
-    def sizes(self) -> dict[str, dict[str, Any]]:
-        """``{"<rank>/<stream>": {"bytes", "lines"}}`` as the node reported its files."""
-        return {f"{f['rank']}/{f['stream']}": {"bytes": f.get("bytes"), "lines": f.get("lines")} for f in self.files}
-
-
-def collect(transport: Transport, *, node: str, python: str, run_id: str, run_dir: str,
-            rank_offset: int, offsets: Mapping[str, int], sweep: bool, grace: float, max_bytes: int,
-            timeout: float, sink: OutSink, partial: bool = True) -> Collected:
-    """Run ``collect`` on ``node``; every fetched byte goes to ``sink`` as it arrives.
-
-    ``offsets``: bytes already received per ``"<rank>/<stream>"``; ``partial``: also send a last line that has
-    no newline yet (the run is over). Raises :class:`ClusterrunError` when the node cannot be reached and
-    :class:`CommandTimeout` when it does not finish within ``timeout`` seconds.
-    """
-    spec = {"run_id": run_id, "node": node, "grace": grace, "run_dir": run_dir, "sweep": sweep,
-            "rank_offset": rank_offset, "max_bytes": max_bytes, "skip": dict(offsets), "partial": partial}
-    argv = remote.argv(python, "agent", "collect", encode_spec(spec), inline=not transport.is_local)
-    stream = transport.start(argv)
-    timed_out = threading.Event()
-
-    def expire() -> None:
-        timed_out.set()
-        stream.abort()
-
-    timer = threading.Timer(timeout, expire)
-    timer.daemon = True
-    timer.start()
-    out = Collected(node)
-    try:
-        for frame in frames(stream.chunks()):
-            event = frame.event
-            kind = event.get("ev")
-            if kind == protocol.OUT:
-                sink(int(event["rank"]), str(event.get("stream", "stdout")), frame.payload, bool(event.get("open")))
-                out.fetched_bytes += len(frame.payload)
-                out.fetched_lines += frame.payload.count(b"\n")
-            elif kind == protocol.LOG:
-                out.files.append(event)
-            elif kind == protocol.SWEPT:
-                out.swept = list(event.get("pids") or [])
-            elif kind == protocol.ALIVE:
-                out.alive = len(event.get("pids") or [])
-            elif kind == protocol.RECORD:
-                out.record = event.get("exit")
-            elif kind == protocol.LAUNCHER:
-                out.tail = event.get("text", "")
-    finally:
-        timer.cancel()
-    if timed_out.is_set():
-        raise CommandTimeout(node, f"collecting the logs did not finish within {timeout:g}s "
-                                   f"({out.fetched_bytes} bytes fetched)")
-    out.exit_code = stream.wait(5.0)
-    stream.abort()
-    out.tail = (stream.stderr_text().strip().splitlines() or [out.tail])[-1]
-    return out
-
 
 COLLECT_TIMEOUT = 120.0
 MAX_BYTES = 64 << 20  # per rank file: past this, the end of a huge log is what explains a failure
@@ -200,14 +115,7 @@ def sweep_nodes(plan: LaunchPlan, transports: Mapping[str, Transport], grace: fl
     Returns ``({node: processes stopped}, {node: why it could not be checked})``."""
 
     def one(node: NodePlan) -> int:
-        transport = transports[node.name]
-        argv = remote.argv(node.python, "agent", "sweep", plan.run_id, f"{grace:g}", node.name,
-                           inline=not transport.is_local)
-        res = transport.run(argv, timeout=grace + 30)
-        line = next((x for x in reversed(res.stdout.splitlines()) if x.startswith("{")), None)
-        if res.exit_code != 0 or line is None:
-            raise ClusterrunError(f"the sweep failed (exit {res.exit_code}): {res.tail(2) or 'no output'}")
-        return len(json.loads(line).get("pids") or [])
+        return len(sweep(transports[node.name], python=node.python, run_id=plan.run_id, node=node.name, grace=grace))
 
-    got = fan_out(plan.nodes, lambda n: n.name, one, label="sweep", deadline=grace + 45)
+    got = fan_out(plan.nodes, lambda n: n.name, one, label="sweep", deadline=grace + SWEEP_TIMEOUT + 15)
     return got.results, got.problems

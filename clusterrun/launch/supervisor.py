@@ -1,7 +1,7 @@
 """Run a launch plan on its nodes and supervise it to the end.
 
 Each node's agent was started by the ready check and waits (see
-:mod:`clusterrun.launch.agent_link`); ``go`` starts the job on every node, and the
+:mod:`clusterrun.agents.link`); ``go`` starts the job on every node, and the
 reader thread of each node's link turns the agent's output into frames (events,
 rank output as raw payloads) on one bounded queue; the calling thread alone writes
 logs and the terminal (:class:`~clusterrun.launch.relay.LogRelay`), so lines are
@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clusterrun import remote
+from clusterrun.agents.link import AgentLink
+from clusterrun.agents.spec import run_spec
 from clusterrun.errors import EXIT_TIMEOUT, ClusterrunError, StartError
 from clusterrun.inventory.models import RunSettings
-from clusterrun.launch.agent_link import AgentLink, agent_spec
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
 from clusterrun.launch.relay import LogRelay
@@ -62,8 +62,8 @@ class SupervisorSettings:
     timeout: float | None = None  # the whole job: past this many seconds it is stopped and fails (exit 124)
     path_watch: bool = True  # the agents watch the job's data paths (more than one node)
     on_path_loss: str = "stop"  # or "warn": a dead data path is reported, the job goes on
-    watch_interval: float = 1.0  # seconds between two probes of one path
-    watch_dead_after: float = 5.0  # seconds without an answer before a path is lost
+    watch_interval: float = protocol.WATCH_INTERVAL  # seconds between two probes of one path
+    watch_dead_after: float = protocol.WATCH_DEAD_AFTER  # seconds without an answer before a path is lost
     hang_timeout: float | None = None  # no output from any rank for this long: every rank's stack, a digest
     on_hang: str = "wait"  # or "stop": after the digest, stop the job
     load_every: float = 3.0  # seconds between the agents' CPU reports (stragglers); 0: none
@@ -131,19 +131,15 @@ class Supervisor:
     # ------------------------------------------------------------ start
 
     def _spec(self, node: NodePlan) -> dict[str, Any]:
-        spec = agent_spec(node, self.plan.run_id, grace=self.settings.grace,
-                          heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name),
-                          script_args=len(self.plan.job.args))
-        if self.hang is not None or self.plan.job.attempt:
-            # The workers' hook: stacks and the flight recorder for the hang watch; on a restart it also gives
-            # TORCHELASTIC_RESTART_COUNT clusterrun's count (torchrun's own is 0 in every fresh torchrun).
-            spec["stacks"] = {"hook": remote.source("stackhook"), "flight": self.hang is not None}
-        if self.stragglers is not None:
-            spec["load_every"] = self.settings.load_every
-        if self.watch is not None:
-            spec["watch"] = {"address": node.data_address, "nic": node.data_nic,
-                             "interval": self.settings.watch_interval, "dead_after": self.settings.watch_dead_after}
-        return spec
+        # The workers' hook (stacks): stacks and the flight recorder for the hang watch; on a restart it also gives
+        # TORCHELASTIC_RESTART_COUNT clusterrun's count (torchrun's own is 0 in every fresh torchrun).
+        return run_spec(node, self.plan.run_id, grace=self.settings.grace,
+                        heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name),
+                        script_args=len(self.plan.job.args),
+                        stacks=self.hang is not None or bool(self.plan.job.attempt), flight=self.hang is not None,
+                        load_every=self.settings.load_every if self.stragglers is not None else 0.0,
+                        watch_interval=self.settings.watch_interval if self.watch is not None else None,
+                        watch_dead_after=self.settings.watch_dead_after)
 
     def _start_all(self) -> None:
         """``go`` to every node's waiting agent: their frames come to the event queue from now on."""

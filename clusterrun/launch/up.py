@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterrun import redact
+from clusterrun.agents.link import AgentLink
 from clusterrun.errors import ClusterrunError, StartError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.launch.agent_link import AgentLink
 from clusterrun.launch.console import Console
 from clusterrun.launch.detach import start_detached
 from clusterrun.launch.outcome import Attempt, RankState, RunOutcome, Signature, no_restart, signature, untrusted_nodes

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import time
 
-from clusterrun import remote
+from clusterrun.agents.sweep import SWEEP_TIMEOUT, sweep
 from clusterrun.errors import ClusterrunError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.plan import NodePlan
 from clusterrun.runs import RunDir, RunState, run_state
 from clusterrun.transport.factory import transport_for
 from clusterrun.transport.fanout import fan_out
-
-SWEEP_TIMEOUT = 30.0
 
 
 def run_inventory(run: RunDir) -> Inventory:
@@ -32,16 +29,9 @@ def sweep_run(run: RunDir, grace: float) -> dict[str, tuple[list[int], str | Non
     plan = run.read_plan()
 
     def one(node: NodePlan) -> tuple[list[int], str | None]:
-        name = node.name
-        transport = transport_for(inv, inv.node(name))
+        transport = transport_for(inv, inv.node(node.name))
         try:
-            argv = remote.argv(node.python, "agent", "sweep", run.run_id, f"{grace:g}", name,
-                               inline=not transport.is_local)
-            res = transport.run(argv, timeout=SWEEP_TIMEOUT + grace)
-            line = next((x for x in res.stdout.splitlines() if x.startswith("{")), None)
-            if line is None:
-                return [], f"the sweep failed (exit {res.exit_code}): {res.tail(2) or 'no output'}"
-            return list(json.loads(line).get("pids", [])), None
+            return sweep(transport, python=node.python, run_id=run.run_id, node=node.name, grace=grace), None
         except ClusterrunError as exc:
             return [], getattr(exc, "reason", None) or str(exc)
         finally:

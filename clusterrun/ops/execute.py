@@ -7,16 +7,18 @@ back as whole lines, one writer at a time.
 
 from __future__ import annotations
 
-import base64
-import json
 import queue
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from clusterrun import remote
+from clusterrun.agents.link import start_mode
+from clusterrun.agents.spec import exec_spec
 from clusterrun.errors import ClusterrunError
 from clusterrun.inventory.models import Inventory
+from clusterrun.remote import protocol
+from clusterrun.remote.protocol import frames
 from clusterrun.transport.base import Stream, Transport
 
 
@@ -38,33 +40,31 @@ def run_everywhere(inv: Inventory, transports: Mapping[str, Transport], command:
                    stop: threading.Event | None = None) -> dict[str, NodeResult]:
     """Run ``command`` on every node of ``inv``; ``on_line(node, stream, text)`` is called from this thread only."""
     results = {n.name: NodeResult(n.name) for n in inv.nodes}
-    events: queue.Queue[tuple[str, dict | None]] = queue.Queue(maxsize=10_000)
+    events: queue.Queue[tuple[str, dict[str, Any] | None]] = queue.Queue(maxsize=10_000)
     streams: dict[str, Stream] = {}
-    spec = base64.b64encode(json.dumps({"command": command, "timeout": timeout or 0}).encode()).decode()
+    spec = exec_spec(command, timeout)
 
     def start(name: str) -> None:
         node = next(n for n in inv.nodes if n.name == name)
         try:
-            transport = transports[name]
-            stream = transport.start(remote.argv(inv.python_of(node), "agent", "exec", spec,
-                                                 inline=not transport.is_local))
+            stream = start_mode(transports[name], inv.python_of(node), protocol.EXEC, spec)
         except Exception as exc:  # whatever it was, this node ends with it and the others go on
             text = (getattr(exc, "reason", None) or str(exc)) if isinstance(exc, ClusterrunError) else (
                 f"could not start the command: {type(exc).__name__}: {exc}")
-            events.put((name, {"ev": "error", "text": text}))
+            events.put((name, {"ev": protocol.ERROR, "text": text}))
             events.put((name, None))
             return
         streams[name] = stream
         try:
-            for line in stream.lines():
-                try:
-                    events.put((name, json.loads(line)))
-                except ValueError:
-                    events.put((name, {"ev": "line", "stream": "stdout", "text": line}))
+            for frame in frames(stream.chunks()):
+                event = frame.event
+                if event.get("ev") == protocol.LAUNCHER:  # a line that is no event (a shell's complaint): as output
+                    event = {"ev": protocol.LINE, "stream": "stdout", "text": event.get("text", "")}
+                events.put((name, event))
         except Exception as exc:  # a broken connection ends this node's events
-            events.put((name, {"ev": "error", "text": f"connection lost: {exc}"}))
+            events.put((name, {"ev": protocol.ERROR, "text": f"connection lost: {exc}"}))
         if stream.stderr_text().strip():
-            events.put((name, {"ev": "error", "text": stream.stderr_text().strip().splitlines()[-1]}))
+            events.put((name, {"ev": protocol.ERROR, "text": stream.stderr_text().strip().splitlines()[-1]}))
         events.put((name, None))
 
     threads = [threading.Thread(target=start, args=(n.name,), daemon=True, name=f"exec-{n.name}") for n in inv.nodes]
@@ -82,13 +82,13 @@ def run_everywhere(inv: Inventory, transports: Mapping[str, Transport], command:
             result = results[name]
             if event is None:
                 done += 1
-            elif event.get("ev") == "line":
+            elif event.get("ev") == protocol.LINE:
                 result.lines.append((event.get("stream", "stdout"), event.get("text", "")))
                 on_line(name, event.get("stream", "stdout"), event.get("text", ""))
-            elif event.get("ev") == "exit":
+            elif event.get("ev") == protocol.EXIT:
                 result.exit_code, result.reason = event.get("rc"), event.get("reason")
                 result.error = event.get("error") or result.error
-            elif event.get("ev") == "error" and result.exit_code is None:
+            elif event.get("ev") == protocol.ERROR and result.exit_code is None:
                 result.error = event.get("text")
     finally:
         for stream in list(streams.values()):

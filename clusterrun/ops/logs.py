@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterrun.agents.collect import collect
 from clusterrun.errors import ClusterrunError
-from clusterrun.launch.recover import collect
 from clusterrun.ops.down import run_inventory
 from clusterrun.plan import NodePlan
 from clusterrun.runs import RunDir, RunState

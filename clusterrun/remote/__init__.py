@@ -1,11 +1,15 @@
 """Everything that runs on a node, as real files. Standard library only, for any Python 3.8+ a node has.
 
 =================== ====================================================================================
-agent.py            the node agent: runs torchrun in its own session, relays its output, stops it
-                    (modes ``prepare``, ``run``, ``exec``, ``collect``, ``sweep``, ``ps``)
+agent.py            the node agent's entry: reads a mode's spec and runs it (modes ``prepare``, ``run``,
+                    ``exec``, ``collect``, ``sweep``, ``ps``)
 session.py          the agent's first phase (``prepare``): the ready check and the path probes before ``go``
-protocol.py         the agent's wire protocol (events, payloads, commands): written by the agent, read by
-                    clusterrun
+job.py              the agent's ``run`` (and ``go``): torchrun in its own session, its output relayed, stopped
+collect.py          the agent's ``collect``: what is left of a run after a broken stream, and its missing logs
+execmode.py         the agent's ``exec``: one shell command for ``clusterrun exec``
+procs.py            the agent's process tools: descendants, a run's marked processes, stopping them
+protocol.py         the agent's contract: each mode's spec (keys, types, the one set of defaults) and the wire
+                    protocol (events, payloads, commands); written by the agent, read by clusterrun
 wire.py             the agent's output: events written whole
 tailing.py          the agent's reading of the rank log files, sent on as ``out`` events
 pathwatch.py        the agent's data-path watch: UDP probes to its peers, answers to theirs
@@ -52,7 +56,8 @@ def _packed(name: str) -> str:
 
 
 # What the agent imports, sent with it, in import order.
-AGENT_MODULES = ("protocol", "wire", "tailing", "pathwatch", "stacks", "flight", "ready", "session")
+AGENT_MODULES = ("protocol", "wire", "procs", "tailing", "pathwatch", "stacks", "flight", "ready", "session", "job",
+                 "collect", "execmode")
 
 
 #: Where a node keeps the agent's compiled code, by the code's hash and the interpreter's cache tag (relative

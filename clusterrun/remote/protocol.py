@@ -31,9 +31,19 @@ Events of ``agent.py collect``: ``swept`` (pids) or ``alive`` (pids), then per r
 bytes, lines, from, skipped_bytes, skipped_lines) and its ``out`` events, then ``record`` (exit: the node's
 exit.json or null). Events of ``agent.py exec``: ``line`` (stream, text), then ``exit`` (rc, reason).
 
-clusterrun -> agent (``run`` and ``exec``): lines on stdin. ``agent.py run -`` first reads its spec (base64 JSON,
-one line) there: the spec carries the job's environment, which must not show in ``ps``. Then: ``ping`` (answered by ``pong``; without one for the
-heartbeat timeout the agent stops its job), ``term`` (SIGTERM, SIGKILL after the grace period), ``kill`` (at
+Events of ``agent.py sweep``: ``swept`` (pids); of ``agent.py ps``: ``alive`` (pids).
+
+Every mode takes its spec the same way: ``agent.py MODE``, then the spec as the first line of stdin (base64
+JSON); ``prepare`` takes the check's and the run's specs as ``check <spec>`` and ``go <spec>`` lines. Never on
+the command line: the run's spec carries the job's environment (tokens, passwords), which any user of a node
+can read in another process's command line. Each mode's spec is one :class:`Spec` below (``RUN``, ``EXEC``,
+``COLLECT``, ``SWEEP``, ``PS``, ``CHECK``): its keys, their types and the one set of defaults, filled in by
+:meth:`Spec.fill` on both sides. A spec with an unknown key, a missing required key or a value of the wrong
+type is refused with an ``error`` event (text) and exit code 2 (the run mode sends ``exit`` after it, with
+that reason), never a traceback.
+
+clusterrun -> agent (``run`` and ``exec``): lines on stdin after the spec: ``ping`` (answered by ``pong``;
+without one for the heartbeat timeout the agent stops its job), ``term`` (SIGTERM, SIGKILL after the grace period), ``kill`` (at
 once), ``watch <json>`` (the data-path watch's targets: a list of {node, address, port}), ``stacks`` (dump
 every worker's stack: py-spy, or the faulthandler hook of stackhook.py). The end of stdin
 stops the job too, unless the run is detached.
@@ -43,6 +53,7 @@ Standard library only: this module travels to the nodes with the agent.
 
 from __future__ import annotations
 
+import base64
 import json
 
 TYPE_CHECKING = False  # typing and dataclasses cost a node milliseconds at every start: types for checkers only
@@ -168,3 +179,146 @@ def frames(chunks: Iterable[bytes]) -> Iterator[Frame]:
     for chunk in chunks:
         yield from decoder.feed(chunk)
     yield from decoder.close()
+
+
+# ---------------------------------------------------------------- the modes' specs
+
+#: Seconds between SIGTERM and SIGKILL when a run's processes are stopped (``up --grace``, ``down --grace``).
+GRACE = 5.0
+#: The data-path watch: seconds between two probes of one path, and without an answer before it is lost.
+WATCH_INTERVAL, WATCH_DEAD_AFTER = 1.0, 5.0
+#: How long a node's agent waits for clusterrun between two steps before the job (``--preflight full`` runs
+#: doctor's network checks in between) before it gives up and ends.
+IDLE = 1800.0
+#: Per rank file, what ``collect`` sends at most (from the end, cut at a line start).
+COLLECT_MAX_BYTES = 8 << 20
+
+REQUIRED = object()  # a key without a default: a spec without it is refused
+
+
+class SpecError(ValueError):
+    """A spec that does not fit its mode (unknown key, missing required key, wrong type)."""
+
+
+class Spec:
+    """One mode's spec: its keys, each with the types it accepts and its default (or REQUIRED); a key whose
+    value is itself a spec (``fields``) is that spec or null."""
+
+    __slots__ = ("fields", "mode")
+
+    def __init__(self, mode: str, fields: dict[str, tuple[Any, ...]]) -> None:
+        self.mode = mode
+        self.fields = fields
+
+    def fill(self, spec: Any) -> dict[str, Any]:
+        """``spec`` with every missing key set to its default. Raises :class:`SpecError` naming the key."""
+        if not isinstance(spec, dict):
+            raise SpecError(f"the {self.mode} spec is {type(spec).__name__}, not an object")
+        unknown = sorted(set(spec) - set(self.fields))
+        if unknown:
+            raise SpecError(f"unknown key(s) in the {self.mode} spec: {', '.join(map(repr, unknown))} "
+                            f"(known: {', '.join(sorted(self.fields))})")
+        out = {}
+        for key, (kinds, default, *inner) in self.fields.items():
+            if key not in spec:
+                if default is REQUIRED:
+                    raise SpecError(f"the {self.mode} spec lacks {key!r}")
+                out[key] = default() if callable(default) else default
+                continue
+            value = spec[key]
+            if not _fits(value, kinds):
+                raise SpecError(f"{self.mode} spec: {key!r} must be {' or '.join(_name(k) for k in kinds)}, "
+                                f"not {type(value).__name__} {value!r:.60}")
+            out[key] = inner[0].fill(value) if inner and value is not None else value
+        return out
+
+
+def _fits(value: Any, kinds: tuple[Any, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in kinds  # a bool is an int to Python, not to a spec
+    if type(value) is int and float in kinds:
+        return True
+    return any(value is None if k is None else isinstance(value, k) for k in kinds)
+
+
+def _name(kind: Any) -> str:
+    return "null" if kind is None else kind.__name__
+
+
+# (types, default[, the spec of its value]) per key. A callable default makes a fresh value each time.
+WATCH_SPEC = Spec("watch", {
+    "address": ((str, None), None),  # the node's data address the watch listens on (none: no watch)
+    "nic": ((str, None), None),
+    "interval": ((float,), WATCH_INTERVAL),
+    "dead_after": ((float,), WATCH_DEAD_AFTER),
+})
+STACKS_SPEC = Spec("stacks", {
+    "hook": ((str,), REQUIRED),  # the text of stackhook.py, written into the run directory
+    "flight": ((bool,), False),  # torch's flight recorder on in the workers (the hang watch)
+})
+RUN = Spec("run", {
+    "run_id": ((str,), REQUIRED),
+    "node": ((str,), ""),
+    "argv": ((list,), REQUIRED),
+    "script_args": ((int,), 0),  # how many of argv's last items are the script's own (never expanded)
+    "env": ((dict,), dict),
+    "cwd": ((str, None), None),  # none: the run directory
+    "run_dir": ((str,), REQUIRED),
+    "rank_offset": ((int,), 0),
+    "grace": ((float,), GRACE),
+    "heartbeat_timeout": ((float,), 0.0),  # 0: no watchdog
+    "detached": ((bool,), False),
+    "stage": ((list,), list),  # [cache path, destination, kind] per staged file
+    "stacks": ((dict, None), None, STACKS_SPEC),
+    "load_every": ((float,), 0.0),  # 0: no ``load`` events
+    "watch": ((dict, None), None, WATCH_SPEC),
+})
+EXEC = Spec("exec", {
+    "command": ((str,), REQUIRED),
+    "timeout": ((float,), 0.0),  # 0: none
+})
+COLLECT = Spec("collect", {
+    "run_id": ((str,), REQUIRED),
+    "node": ((str,), ""),
+    "run_dir": ((str,), REQUIRED),
+    "rank_offset": ((int,), 0),
+    "sweep": ((bool,), True),  # stop what is left first; else only say whether it still runs
+    "grace": ((float,), GRACE),
+    "max_bytes": ((int,), COLLECT_MAX_BYTES),
+    "skip": ((dict,), dict),  # {"<rank>/<stream>": bytes already received}
+    "partial": ((bool,), True),  # send an unfinished last line too (the run is over)
+})
+SWEEP = Spec("sweep", {
+    "run_id": ((str,), REQUIRED),
+    "node": ((str,), ""),  # two inventory nodes may be one machine: only this node's processes
+    "grace": ((float,), GRACE),
+})
+PS = Spec("ps", {
+    "run_id": ((str,), REQUIRED),
+    "node": ((str,), ""),
+})
+CHECK = Spec("check", {
+    "run_dir": ((str,), REQUIRED),
+    "cache": ((str,), REQUIRED),  # the node's content cache of staged files
+    "hashes": ((list,), list),  # the staged files' sha256, to look for in the cache
+    "port": ((int, None), None),  # the master port to find free (rank 0)
+    "idle": ((float,), IDLE),
+})
+SPECS = {spec.mode: spec for spec in (RUN, EXEC, COLLECT, SWEEP, PS, CHECK)}
+
+
+def encode_spec(spec: dict[str, Any]) -> str:
+    """A spec as it travels: one line of base64 JSON (no newline)."""
+    return base64.b64encode(json.dumps(spec, separators=(",", ":")).encode()).decode("ascii")
+
+
+def decode_spec(kind: Spec, raw: bytes | str) -> dict[str, Any]:
+    """The spec of mode ``kind`` from its line, filled. Raises :class:`SpecError` for anything wrong with it."""
+    raw = raw.strip()
+    if not raw:
+        raise SpecError(f"no {kind.mode} spec (clusterrun went away before sending it)")
+    try:
+        spec = json.loads(base64.b64decode(raw, validate=True).decode())
+    except ValueError as exc:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        raise SpecError(f"the {kind.mode} spec is not base64 JSON: {exc}") from None
+    return kind.fill(spec)

@@ -3,8 +3,9 @@
 A launch starts the agent once on each node. Before the job it answers commands on stdin, one line each,
 with one event each (see protocol.py), and then becomes the job's agent on ``go``:
 
-* ``check <spec>``: the ready check (ready.py): python, torch, run directory, master port, staged files,
-  the node's NICs and GPUs; answered by ``ready`` (report).
+* ``check <spec>``: the ready check (ready.py; its spec is ``protocol.CHECK``): python, torch, run directory,
+  master port, staged files, the node's NICs and GPUs; answered by ``ready`` (report), or ``error`` (text)
+  when the spec does not fit.
 * ``probe-listen <json>``: hold the master port (``port``) open and accept connections on it until ``go``
   or the end; answered by ``listening`` (port, or error).
 * ``probe-reach <json>``: one TCP connect to ``address``:``port`` from ``source`` (null: any) within
@@ -12,7 +13,7 @@ with one event each (see protocol.py), and then becomes the job's agent on ``go`
   answered by ``reached`` (tcp: null or why not, ping: ok, failed, missing or null).
 * ``probe-ping <json>``: one ping to each of ``addresses`` at once; answered by ``pinged`` (results:
   {address: ok or failed}, or missing: true without a ping command).
-* ``go <spec>``: the run's spec (base64 JSON, as ``agent.py run -`` reads it); the listener closes (the
+* ``go <spec>``: the run's spec (``protocol.RUN``, base64 JSON, as ``agent.py run`` reads it); the listener closes (the
   port is torchrun's now) and the job starts.
 * ``ping``: answered by ``pong``.
 
@@ -20,7 +21,6 @@ The end of stdin (clusterrun went away), ``stop``, or no command for ``idle`` se
 spec) ends the program without starting anything. Standard library only, like the rest of the agent.
 """
 
-import base64
 import json
 import queue
 import shutil
@@ -138,7 +138,8 @@ def reach(address: str, port: int, source, timeout: float) -> dict:
 
 
 def serve(stdin, start_run) -> int:
-    """Answer commands until ``go`` (then ``start_run(spec)`` runs the job and its code is returned) or the end."""
+    """Answer commands until ``go`` (then ``start_run(spec_line)`` runs the job and its code is returned) or the
+    end. A check spec that does not fit ``protocol.CHECK`` is answered by an ``error`` event."""
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(stdin, lines), daemon=True, name="commands").start()
     idle = DEFAULT_IDLE
@@ -153,8 +154,12 @@ def serve(stdin, start_run) -> int:
                 return 0
             word, _, arg = raw.decode("utf-8", errors="replace").strip().partition(" ")
             if word == CHECK:
-                spec = json.loads(base64.b64decode(arg).decode())
-                idle = float(spec.get("idle") or DEFAULT_IDLE)
+                try:
+                    spec = protocol.decode_spec(protocol.CHECK, arg)
+                except protocol.SpecError as exc:
+                    wire.emit({"ev": protocol.ERROR, "text": "clusterrun agent: %s" % exc})
+                    continue
+                idle = spec["idle"]
                 wire.emit({"ev": READY, "report": ready.check(spec)})
             elif word == LISTEN:
                 args = json.loads(arg)
@@ -180,7 +185,7 @@ def serve(stdin, start_run) -> int:
                 if listener is not None:
                     listener.close()  # the master port is torchrun's from here on
                     listener = None
-                return start_run(json.loads(base64.b64decode(arg).decode()))
+                return start_run(arg)
             elif word == STOP:
                 return 0
             else:

@@ -96,6 +96,24 @@ class RankFile:
             self.fh.close()
 
 
+_RANK_FILE = re.compile(r"attempt_(\d+)/(\d+)/(stdout|stderr)\.log$")
+
+
+def rank_files(log_dir: str) -> list:
+    """``(path, local_rank, "stdout" | "stderr")`` of every rank log file under torchrun's ``log_dir``
+    (``<log_dir>/*/attempt_*/<local_rank>/{stdout,stderr}.log``), in a stable order; empty when there is none."""
+    found = []
+    if not os.path.isdir(log_dir):
+        return found
+    for top, _dirs, names in sorted(os.walk(log_dir)):
+        for name in sorted(names):
+            path = os.path.join(top, name)
+            m = _RANK_FILE.search(path)
+            if m:
+                found.append((path, int(m.group(2)), m.group(3)))
+    return found
+
+
 class Tailer(threading.Thread):
     """Follows ``<log_dir>/*/attempt_*/<local_rank>/{stdout,stderr}.log`` as torchrun creates them.
 
@@ -103,7 +121,6 @@ class Tailer(threading.Thread):
     others. After ``stop_event``, it reads every file to its end and sends all of it, then sets ``done``.
     """
 
-    _PATH = re.compile(r"attempt_(\d+)/(\d+)/(stdout|stderr)\.log$")
     DISCOVER_EVERY = 0.2  # seconds between looks for new rank files while data flows
 
     def __init__(self, log_dir: str, rank_offset: int) -> None:
@@ -116,20 +133,12 @@ class Tailer(threading.Thread):
         self.progress = time.monotonic()  # last time a turn moved data (the final drain is judged by it)
 
     def _discover(self) -> None:
-        if not os.path.isdir(self.log_dir):
-            return
-        for top, _dirs, names in os.walk(self.log_dir):
-            for name in names:
-                path = os.path.join(top, name)
-                if path in self.files:
-                    continue
-                m = self._PATH.search(path)
-                if not m:
-                    continue
-                local_rank = int(m.group(2))
-                rank = self.rank_offset + local_rank
-                self.files[path] = RankFile(path, rank, local_rank, m.group(3))
-                self.started_at.setdefault(rank, time.time())
+        for path, local_rank, stream in rank_files(self.log_dir):
+            if path in self.files:
+                continue
+            rank = self.rank_offset + local_rank
+            self.files[path] = RankFile(path, rank, local_rank, stream)
+            self.started_at.setdefault(rank, time.time())
 
     def _round(self, final: bool = False) -> int:
         """One turn for every file whose rank's log line is not held open by its other stream."""
@@ -190,7 +199,7 @@ class Tailer(threading.Thread):
         return out
 
 
-def _line_start_after(fh, pos: int) -> int:
+def line_start_after(fh, pos: int) -> int:
     """The first offset at or after ``pos`` that starts a line (so a cut never splits one)."""
     if pos <= 0:
         return 0
@@ -204,7 +213,8 @@ def _line_start_after(fh, pos: int) -> int:
             return fh.tell() - len(block) + i + 1
 
 
-def _count_lines(fh, start: int, end: int) -> int:
+def count_lines(fh, start: int, end: int) -> int:
+    """The newlines in ``fh`` between offsets ``start`` and ``end``."""
     fh.seek(start)
     count, left = 0, end - start
     while left > 0:

@@ -1,4 +1,5 @@
-"""One node's agent, from its start to its end: one program per node per launch.
+"""Starting the node agent: one node's agent from its start to its end (one program per node per launch), and
+the agent's other modes, each with its spec on stdin.
 
 :func:`open_link` starts ``agent.py prepare`` on a node (inline: nothing is installed there first). Before
 the job, clusterrun asks it questions (:meth:`AgentLink.ask`: the ready check, the path probes), each answered
@@ -7,14 +8,13 @@ the supervisor (:meth:`AgentLink.hand_over`), whose event queue gets every frame
 thread per node decodes the stream from the first byte to the last, so no byte is read twice or lost
 between the two phases.
 
-The spec goes on stdin, never on the command line: it holds the job's environment (-e, --env-forward,
-inventory env: tokens, passwords), and any user of a node can read every process's command line.
+Every spec goes on stdin, never on the command line: the run's holds the job's environment (-e, --env-forward,
+inventory env: tokens, passwords), and any user of a node can read every process's command line; the other
+modes' go the same way, so that there is one way in (:func:`start_mode`, :func:`run_mode`).
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import queue
 import threading
 import time
@@ -24,37 +24,34 @@ from typing import Any
 from clusterrun import remote
 from clusterrun.errors import CommandTimeout, ConnectError
 from clusterrun.plan import NodePlan
-from clusterrun.remote import protocol
-from clusterrun.remote.protocol import Frame, FrameDecoder
-from clusterrun.transport.base import Stream, Transport
+from clusterrun.remote import protocol, session
+from clusterrun.remote.protocol import Frame, FrameDecoder, frames
+from clusterrun.transport.base import CommandResult, Stream, Transport
 
 #: The end of a node's stream, as it reaches a sink (after every frame).
 EOF = object()
 
 
-def agent_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: float,
-               stage: list[tuple[str, str]] | None = None, detached: bool = False,
-               script_args: int = 0) -> dict[str, Any]:
-    """What the node agent needs; ``script_args``: how many of the argv's last items are the script's own
-    arguments (passed exactly as typed, never expanded)."""
-    return {
-        "detached": detached,
-        "stage": [list(pair) for pair in stage or ()],
-        "run_id": run_id,
-        "node": node.name,
-        "rank_offset": node.rank_offset,
-        "argv": list(node.argv),
-        "script_args": script_args,
-        "env": node.env_dict(),
-        "cwd": node.cwd,
-        "run_dir": node.run_dir,
-        "grace": grace,
-        "heartbeat_timeout": heartbeat_timeout,
-    }
+def _spec_line(spec: dict[str, Any]) -> str:
+    return protocol.encode_spec(spec) + "\n"
 
 
-def encode_spec(spec: dict[str, Any]) -> str:
-    return base64.b64encode(json.dumps(spec).encode()).decode("ascii")
+def start_mode(transport: Transport, python: str, kind: protocol.Spec, spec: dict[str, Any]) -> Stream:
+    """Start the agent's mode ``kind`` on the transport's node and send it ``spec`` (its first line of stdin).
+
+    A stream that closes before the spec is sent ends at once: its reader sees the end, as with any start."""
+    stream = transport.start(remote.argv(python, "agent", kind.mode, inline=not transport.is_local))
+    stream.send(_spec_line(spec))
+    return stream
+
+
+def run_mode(transport: Transport, python: str, kind: protocol.Spec, spec: dict[str, Any], *,
+             timeout: float) -> tuple[list[Frame], CommandResult]:
+    """Run the agent's mode ``kind`` to its end with ``spec`` on stdin: its events, decoded, and the command's
+    result (exit code, stderr). Raises what :meth:`Transport.run` raises."""
+    res = transport.run(remote.argv(python, "agent", kind.mode, inline=not transport.is_local), timeout=timeout,
+                        stdin=_spec_line(spec).encode())
+    return list(frames([res.stdout.encode()])), res
 
 
 class AgentLink:
@@ -128,6 +125,11 @@ class AgentLink:
             raise ConnectError(self.node, self._ended_why())
         return self.answer(kinds, deadline)
 
+    def check(self, spec: dict[str, Any]) -> None:
+        """Send the ready check (``spec``: :func:`clusterrun.agents.spec.check_spec`); its answer, ``ready`` (or
+        ``error`` for a spec the node refuses), is read with :meth:`answer`. A closed stream shows there too."""
+        self.send(f"{session.CHECK} {protocol.encode_spec(spec)}")
+
     def _ended_why(self) -> str:
         tail = [line for line in (self._said + self.stream.stderr_text().strip().splitlines()) if line.strip()]
         code = self.stream.wait(0.5)
@@ -137,8 +139,8 @@ class AgentLink:
     # ------------------------------------------------------------ the job
 
     def go(self, spec: dict[str, Any]) -> None:
-        """Start the job. Raises :class:`ConnectError` when the spec cannot be sent."""
-        if not self.send(f"go {encode_spec(spec)}"):
+        """Start the job (``spec``: :func:`clusterrun.agents.spec.run_spec`). Raises :class:`ConnectError` when the spec cannot be sent."""
+        if not self.send(f"go {protocol.encode_spec(spec)}"):
             raise ConnectError(self.node, "the node agent's connection closed before it got the run's spec")
 
     def hand_over(self, sink: queue.Queue[tuple[str, Any]]) -> list[Any]:

@@ -1,0 +1,81 @@
+"""The node agent's specs, built here and nowhere else: one function per mode.
+
+Each returns the spec filled by its :class:`clusterrun.remote.protocol.Spec` (so a key clusterrun does not set
+gets the same default the node would apply, and a wrong key fails here, in clusterrun, not on a node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from clusterrun import remote
+from clusterrun.plan import NodePlan
+from clusterrun.remote import protocol
+
+Spec = dict[str, Any]
+
+
+def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: float,
+             stage: Sequence[Sequence[str]] | None = None, detached: bool = False, script_args: int = 0,
+             stacks: bool = False, flight: bool = False, load_every: float = 0.0,
+             watch_interval: float | None = None,
+             watch_dead_after: float = protocol.WATCH_DEAD_AFTER) -> Spec:
+    """``run`` (``go`` after ``prepare``): ``node``'s part of the job.
+
+    ``script_args``: how many of the argv's last items are the script's own arguments (passed exactly as
+    typed, never expanded); ``stacks``: the workers' stack hook (``flight``: with torch's flight recorder);
+    ``load_every``: seconds between CPU reports (0: none); ``watch_interval``: the data-path watch on the node's
+    data address (None: no watch).
+    """
+    watch = None
+    if watch_interval is not None:
+        watch = {"address": node.data_address, "nic": node.data_nic, "interval": watch_interval,
+                 "dead_after": watch_dead_after}
+    return protocol.RUN.fill({
+        "detached": detached,
+        "stage": [list(item) for item in stage or ()],
+        "run_id": run_id,
+        "node": node.name,
+        "rank_offset": node.rank_offset,
+        "argv": list(node.argv),
+        "script_args": script_args,
+        "env": node.env_dict(),
+        "cwd": node.cwd,
+        "run_dir": node.run_dir,
+        "grace": grace,
+        "heartbeat_timeout": heartbeat_timeout,
+        "stacks": {"hook": remote.source("stackhook"), "flight": flight} if stacks else None,
+        "load_every": load_every,
+        "watch": watch,
+    })
+
+
+def check_spec(run_dir: str, *, cache: str, hashes: Sequence[str], port: int | None,
+               idle: float = protocol.IDLE) -> Spec:
+    """``check`` (before ``go``): the ready check of a node whose run directory is ``run_dir``."""
+    return protocol.CHECK.fill({"run_dir": run_dir, "cache": cache, "hashes": sorted(set(hashes)), "port": port,
+                                "idle": idle})
+
+
+def exec_spec(command: str, timeout: float | None) -> Spec:
+    """``exec``: ``command`` under ``sh -c``, stopped after ``timeout`` seconds (None: never)."""
+    return protocol.EXEC.fill({"command": command, "timeout": float(timeout or 0)})
+
+
+def collect_spec(*, run_id: str, node: str, run_dir: str, rank_offset: int, offsets: Mapping[str, int],
+                 sweep: bool, grace: float, max_bytes: int, partial: bool) -> Spec:
+    """``collect``: stop what is left (``sweep``) or say whether it runs, then the rank log bytes past ``offsets``."""
+    return protocol.COLLECT.fill({"run_id": run_id, "node": node, "grace": float(grace), "run_dir": run_dir,
+                                  "sweep": sweep, "rank_offset": rank_offset, "max_bytes": max_bytes,
+                                  "skip": dict(offsets), "partial": partial})
+
+
+def sweep_spec(run_id: str, node: str, grace: float) -> Spec:
+    """``sweep``: stop every process of the run on ``node``."""
+    return protocol.SWEEP.fill({"run_id": run_id, "node": node, "grace": float(grace)})
+
+
+def ps_spec(run_id: str, node: str) -> Spec:
+    """``ps``: list the processes of the run on ``node``."""
+    return protocol.PS.fill({"run_id": run_id, "node": node})

@@ -1,0 +1,347 @@
+"""The node agent's ``run`` mode (also ``go`` after ``prepare``): one node's torchrun, from its start to its end.
+
+:class:`Agent` starts torchrun in its own session and then, until every process of it is gone:
+
+* tails every rank's log file (torchrun ``--redirects 3 --log-dir``) and writes each complete line to stdout
+  as one ``out`` event, so lines of different ranks never mix (tailing.py);
+* watches stdin: ``ping`` keeps it alive, ``term`` stops the job (SIGTERM, then SIGKILL after the grace
+  period), ``kill`` stops it at once; end of input (the ssh channel or the orchestrator is gone) or no
+  ``ping`` within the heartbeat timeout stops it too, unless the run is detached;
+* on exit, reports torchrun's exit code and each failed rank's code (from torchrun's failure summary) as a
+  final ``exit`` event and in ``exit.json`` in the run directory.
+
+Its spec is ``protocol.RUN``, filled before it gets here: every key is present.
+
+Standard library only: this module travels to the nodes with the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+if __package__:
+    from clusterrun.remote import flight, pathwatch, procs, protocol, stacks, tailing, wire
+else:
+    import flight
+    import pathwatch
+    import procs
+    import protocol
+    import stacks
+    import tailing
+    import wire
+
+# ---------------------------------------------------------------- torchrun's summary
+
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
+_FAIL_FIELD = re.compile(r"^\s*(time|rank|exitcode)\s*:\s*(.*?)\s*$")
+
+
+def parse_failures(lines: list) -> dict:
+    """Global rank -> {"rc", "time"} from torchrun's ``ChildFailedError`` summary."""
+    out: dict = {}
+    current: dict = {}
+    in_root = False
+    for line in lines:
+        if "Root Cause" in line:
+            in_root = True  # torchrun lists the first observed failure under this heading
+        m = _FAIL_FIELD.match(line)
+        if not m:
+            continue
+        key, value = m.group(1), m.group(2)
+        if key == "time":
+            current = {"time": value}
+        elif key == "rank":
+            rm = re.match(r"(\d+)", value)
+            if rm:
+                current["rank"] = int(rm.group(1))
+        elif key == "exitcode" and "rank" in current:
+            em = re.match(r"(-?\d+)", value)
+            if em:
+                code = int(em.group(1))
+                sig = -code if code < 0 else None
+                out[current["rank"]] = {"rc": 128 + sig if sig else code, "signal": sig,
+                                        "time": current.get("time"), "root_cause": in_root}
+            current = {}
+    return out
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Agent:
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.run_id = spec["run_id"]
+        self.node = spec["node"]
+        self.grace = float(spec["grace"])
+        self.heartbeat_timeout = float(spec["heartbeat_timeout"])
+        self.detached = spec["detached"]
+        self.run_dir = os.path.expanduser(spec["run_dir"])
+        self.launcher_lines: list = []
+        self.stop_reason = None
+        self.stopping = threading.Event()
+        self.last_ping = time.monotonic()
+        self.watch = None  # the data-path watch (pathwatch.PathWatch), when clusterrun asked for one
+        self.flight = False  # torch's flight recorder is on in the workers
+
+    def _argv(self) -> list:
+        # A leading '~/' in clusterrun's part (python, torchrun's flags, the script's path) means the node user's
+        # home, as a shell would expand it; the script's own arguments are passed exactly as typed.
+        argv = list(self.spec["argv"])
+        own = len(argv) - self.spec["script_args"]
+        return [os.path.expanduser(a) if i < own and a.startswith("~/") else a for i, a in enumerate(argv)]
+
+    def stop(self, reason: str, grace: float) -> None:
+        if self.stopping.is_set() and grace > 0:
+            return
+        self.stop_reason = self.stop_reason or reason
+        self.stopping.set()
+        me = os.getpid()
+        threading.Thread(target=procs.stop_processes, args=(lambda: procs.descendants(me), grace), daemon=True).start()
+
+    def _watch_stdin(self) -> None:
+        while True:
+            try:
+                line = sys.stdin.buffer.readline()
+            except (OSError, ValueError):
+                line = b""
+            if not line:
+                if not self.detached:  # a detached run outlives the connection that started it
+                    self.stop("the connection to clusterrun closed", self.grace)
+                return
+            cmd = line.strip().decode(errors="replace")
+            if cmd == protocol.PING:
+                self.last_ping = time.monotonic()
+                wire.emit({"ev": protocol.PONG})  # lets clusterrun tell a silent node from a quiet one
+            elif cmd == protocol.TERM:
+                self.stop("stopped by clusterrun", self.grace)
+            elif cmd == protocol.KILL:
+                self.stop("killed by clusterrun", 0.0)
+            elif cmd == protocol.STACKS:
+                threading.Thread(target=self._dump_stacks, daemon=True, name="stacks").start()
+            elif cmd.startswith(protocol.WATCH + " ") and self.watch is not None:
+                try:
+                    self.watch.set_targets(json.loads(cmd.split(" ", 1)[1]))
+                except (ValueError, KeyError, TypeError) as exc:
+                    wire.emit({"ev": protocol.WATCHING, "error": f"bad targets: {exc}"})
+
+    def _report_load(self, every: float) -> None:
+        """Every ``every`` seconds, each worker's share of one CPU since the last report (``load`` events)."""
+        last = {}
+        while not self.stopping.wait(every):
+            now = time.monotonic()
+            offset = self.spec["rank_offset"]
+            cpu = {}
+            for local_rank, pid in stacks.workers(procs.descendants(os.getpid())).items():
+                used = stacks.cpu_seconds(pid)
+                if used is None:
+                    continue
+                before = last.get(pid)
+                last[pid] = (now, used)
+                if before is not None and now > before[0]:
+                    cpu[str(offset + local_rank)] = round((used - before[1]) / (now - before[0]), 3)
+            if cpu:
+                wire.emit({"ev": protocol.LOAD, "cpu": cpu, "time": time.time()})
+
+    def _dump_stacks(self) -> None:
+        """Every worker's stack, one ``stack`` event each (the dump as payload), then, where the flight recorder
+        is on, every worker's recent collectives (``flight`` events), then ``stacks_done``."""
+        found = stacks.workers(procs.descendants(os.getpid()))
+        offset = self.spec["rank_offset"]
+        folder = os.path.join(self.run_dir, "stacks")
+        for local_rank, pid in sorted(found.items()):
+            how, text = stacks.dump(pid, folder)
+            wire.emit({"ev": protocol.STACK, "rank": offset + local_rank, "how": how, "pid": pid},
+                 text.encode(errors="replace"))
+        if self.flight:
+            by_pid = {pid: local_rank for local_rank, pid in found.items()}
+            for pid, (data, why) in sorted(flight.request(sorted(by_pid), flight.folder(self.run_dir)).items()):
+                wire.emit({"ev": protocol.FLIGHT, "rank": offset + by_pid[pid], "pid": pid, "why": why,
+                           "format": "json"}, data or b"")
+        wire.emit({"ev": protocol.STACKS_DONE, "count": len(found)})
+
+    def _send_timeout_dumps(self) -> None:
+        """What torch's watchdog dumped itself when a collective timed out (``flight`` events, torch's format)."""
+        for rank, path in flight.timeout_dumps(flight.folder(self.run_dir)):
+            data, why = flight.read_dump(path)
+            wire.emit({"ev": protocol.FLIGHT, "rank": rank, "why": why, "format": "timeout", "path": path},
+                      data or b"")
+
+    def _start_watch(self) -> None:
+        """Bind the data-path watch on this node's data address and tell clusterrun its port."""
+        spec = self.spec["watch"]
+        if spec is None or not spec["address"] or self.detached:
+            return
+        nic = spec["nic"]
+
+        def changed(target, lost: bool) -> None:
+            wire.emit({"ev": protocol.PATH, "peer": target.node, "address": target.address, "nic": nic,
+                  "state": "lost" if lost else "ok", "since": target.last_answer_wall, "answered": target.answered,
+                  "time": time.time()})
+
+        try:
+            self.watch = pathwatch.PathWatch(spec["address"], changed, float(spec["interval"]),
+                                             float(spec["dead_after"]))
+        except OSError as exc:
+            wire.emit({"ev": protocol.WATCHING, "error": f"cannot listen on {spec['address']}: {exc.strerror or exc}"})
+            return
+        self.watch.start()
+        wire.emit({"ev": protocol.WATCHING, "port": self.watch.port, "address": spec["address"], "nic": nic})
+
+    def _watch_heartbeat(self) -> None:
+        while not self.stopping.wait(0.5):
+            silent = time.monotonic() - self.last_ping
+            if silent > self.heartbeat_timeout:
+                self.stop(f"no word from clusterrun for {silent:.0f}s (watchdog)", self.grace)
+                return
+
+    def _read_launcher(self, pipe) -> None:
+        for raw in iter(pipe.readline, b""):
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            self.launcher_lines.append(text)
+            del self.launcher_lines[:-400]  # keep the tail: the failure summary is at the end
+            wire.emit({"ev": protocol.LAUNCHER, "text": text})
+            m = _WORKER_FAILED.search(text)
+            if m:
+                # torchrun saw a worker fail; say so now, before it finishes stopping the others.
+                local_rank = int(m.group(2))
+                code = int(m.group(1))
+                wire.emit({"ev": protocol.RANK_FAILED, "local_rank": local_rank, "time": time.time(),
+                      "rank": self.spec["rank_offset"] + local_rank,
+                      "rc": 128 - code if code < 0 else code, "signal": -code if code < 0 else None})
+        pipe.close()
+
+    def _environment(self) -> dict:
+        """The job's environment: the node's, the spec's, the run's markers, and the workers' stack hook."""
+        env = dict(os.environ)
+        env.update(self.spec["env"])
+        env[procs.RUN_ID_VAR] = self.run_id
+        env[procs.NODE_VAR] = self.node
+        if self.spec["stacks"] is not None:
+            try:  # the workers' stack hook, for hang diagnosis without py-spy
+                env.update(stacks.hook_env(self.run_dir, self.spec["stacks"]["hook"], env))
+                if self.spec["stacks"]["flight"]:
+                    env.update(flight.env(self.run_dir, env, flight.torch_version()))
+                    self.flight = True
+            except OSError as exc:
+                wire.emit({"ev": protocol.LAUNCHER, "text": f"clusterrun: no stack hook ({exc}); stacks need py-spy"})
+        return env
+
+    def _stage(self) -> None:
+        """Staged files arrive in the node's content cache; each run gets its own copy."""
+        for src, dest, *kind in self.spec["stage"]:
+            dest = os.path.expanduser(dest)
+            if kind and kind[0] == "tree":  # a --sync directory, as a tar archive
+                os.makedirs(dest, exist_ok=True)
+                with tarfile.open(os.path.expanduser(src)) as archive:
+                    try:
+                        archive.extractall(dest, filter="data")
+                    except TypeError:  # Python < 3.12 without the filter backport
+                        archive.extractall(dest)
+                continue
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy2(os.path.expanduser(src), dest)
+
+    def _start_watchers(self) -> None:
+        """The threads beside the job: the path watch, CPU reports, stdin's commands, the heartbeat watchdog."""
+        self._start_watch()
+        if self.spec["load_every"] > 0 and not self.detached:
+            threading.Thread(target=self._report_load, args=(float(self.spec["load_every"]),), daemon=True,
+                             name="load").start()
+        threading.Thread(target=self._watch_stdin, daemon=True).start()
+        if self.heartbeat_timeout > 0 and not self.detached:
+            threading.Thread(target=self._watch_heartbeat, daemon=True).start()
+
+    def run(self) -> int:
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)  # the ranks' logs: the user's only
+        procs.prctl(procs.PR_SET_CHILD_SUBREAPER, 1)
+        env = self._environment()
+        cwd = os.path.expanduser(self.spec["cwd"] or self.run_dir)
+        self._stage()
+        argv = self._argv()
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                # torchrun gets SIGTERM if this agent dies, and then stops its workers.
+                preexec_fn=lambda: procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGTERM),
+            )
+        except OSError as exc:
+            wire.emit({"ev": protocol.ERROR, "text": f"cannot start {argv[0]}: {exc.strerror or exc}", "time": time.time()})
+            return self._finish(127, None, {}, reason=f"could not start: {exc}")
+        wire.emit({"ev": protocol.STARTED, "pid": proc.pid, "time": time.time()})
+        reader = threading.Thread(target=self._read_launcher, args=(proc.stdout,), daemon=True)
+        reader.start()
+        tailer = tailing.Tailer(os.path.join(self.run_dir, "torchrun"), self.spec["rank_offset"])
+        tailer.start()
+        self._start_watchers()
+        status = procs.wait_for(proc.pid)
+        proc.returncode = status  # reaped here, not by Popen
+        if self.watch is not None:
+            self.watch.answer_only()  # the job is over: its paths no longer matter, the others' still do
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            rc, signum = 128 + sig, sig
+        else:
+            rc, signum = os.WEXITSTATUS(status), None
+        # Whatever torchrun left behind (it died, or a worker escaped) goes now.
+        me = os.getpid()
+        procs.stop_processes(lambda: procs.descendants(me), self.grace)
+        procs.stop_processes(lambda: procs.marked(self.run_id, {me}, self.node), 0.5)
+        reader.join(timeout=2.0)
+        self._drain(tailer)
+        if self.flight:
+            self._send_timeout_dumps()
+        ranks = parse_failures(self.launcher_lines)
+        for rank, started in tailer.started_at.items():
+            # torchrun's 0 says every rank ended well, unless the job was stopped (then torchrun's code says little).
+            ranks.setdefault(rank, {"rc": 0 if rc == 0 and self.stop_reason is None else None, "signal": None,
+                                    "time": None})
+            ranks[rank]["started"] = started
+        watch = {"sent": self.watch.sent, "received": self.watch.received} if self.watch is not None else None
+        try:
+            return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished", logs=tailer.sizes(),
+                                watch=watch)
+        finally:
+            if self.watch is not None:
+                self.watch.stop()
+
+    def _drain(self, tailer) -> None:
+        """The end is a handshake: every byte of every rank file goes out before the exit event. The drain is
+        bounded by progress, not by time: it may take long on a slow link, but a stream that stops moving
+        (clusterrun frozen, the link dead) for the heartbeat timeout ends it; the files stay on the node."""
+        tailer.stop_event.set()
+        stall = max(self.heartbeat_timeout, 15.0)
+        while not tailer.done.wait(0.5):
+            if time.monotonic() - max(tailer.progress, wire.last_progress()) > stall:
+                break
+
+    def _finish(self, rc: int, signum, ranks: dict, reason: str, logs: dict | None = None,
+                watch: dict | None = None) -> int:
+        result = {"ev": protocol.EXIT, "rc": rc, "signal": signum, "ranks": {str(k): v for k, v in ranks.items()},
+                  "reason": reason, "time": time.time(), "logs": logs or {}, "watch": watch}
+        try:
+            with open(os.path.join(self.run_dir, "exit.json"), "w") as f:
+                json.dump(result, f)
+        except OSError:
+            pass
+        wire.emit(result)
+        return 0
+
+
+def start_run(spec: dict) -> int:
+    """Run the job of ``spec`` to its end (``run``, or ``go`` after ``prepare``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only clusterrun's 'term'/'kill' stop the job
+    if spec["detached"]:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the session that started it may end
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a broken stream must not kill the agent
+    return Agent(spec).run()

@@ -1,0 +1,173 @@
+"""The node agent's process tools: the processes under it or marked with a run's id, and how they are stopped.
+
+Every process of a run carries ``CLUSTERRUN_RUN_ID`` (and ``CLUSTERRUN_NODE``) in its environment, so what is
+left of a run can be found without its agent; the agent itself is a child subreaper, so the processes its job
+started stay its descendants even when their parent dies.
+
+Standard library only: this module travels to the nodes with the agent.
+"""
+
+import contextlib
+import ctypes
+import os
+import signal
+import time
+
+RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
+NODE_VAR = "CLUSTERRUN_NODE"
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def prctl(option: int, value: int) -> bool:
+    """Linux's prctl(2) with one value; False where it is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _proc_ppids() -> dict:
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        # the command name may contain spaces and parentheses: split after the last ')'
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1:
+            out[int(name)] = int(fields[1])
+    return out
+
+
+def _children(pid: int):
+    """``pid``'s children from /proc/<pid>/task/*/children; None where the kernel does not offer that file."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # gone
+    out = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended meanwhile
+            return None  # a kernel without the file
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def descendants(root: int) -> list:
+    """Every process under ``root``. Walks the tree from ``root`` down where the kernel lists each process's
+    children (read every few seconds for the CPU reports: reading every process's stat on a busy machine costs
+    milliseconds each time); else from every process's parent."""
+    found, todo = [], [root]
+    while todo and len(found) < 100000:
+        kids = _children(todo.pop())
+        if kids is None:
+            return _descendants_by_scan(root)
+        found.extend(kids)
+        todo.extend(kids)
+    return found
+
+
+def _descendants_by_scan(root: int) -> list:
+    ppids = _proc_ppids()
+    children: dict = {}
+    for pid, ppid in ppids.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def marked(run_id: str, exclude: set, node: str = "") -> list:
+    """Processes of our user whose environment carries this run's marker (and this node's, when given:
+    two inventory nodes may be one machine)."""
+    needle = f"{RUN_ID_VAR}={run_id}".encode()
+    node_needle = f"{NODE_VAR}={node}".encode()
+    uid = os.getuid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in exclude:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        items = env.split(b"\0")
+        if needle in items and (not node or node_needle in items):
+            found.append(int(name))
+    return found
+
+
+def _signal_all(pids: list, sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] != b"Z"  # a zombie is already dead
+
+
+def stop_processes(find, grace: float) -> list:
+    """SIGTERM what ``find()`` returns, SIGKILL what is left after ``grace`` seconds. Returns the pids signalled."""
+    pids = find()
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    left = pids
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        reap()
+        left = [p for p in find() if _alive(p)]
+    if left:
+        _signal_all(left, signal.SIGKILL)
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and any(_alive(p) for p in left):
+            time.sleep(0.02)
+            reap()
+    return sorted(set(pids) | set(left))
+
+
+def wait_for(pid: int) -> int:
+    """Reap children (this process is a subreaper: orphans come here too) until ``pid`` ends; its wait status."""
+    while True:
+        try:
+            got, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return 0
+        except InterruptedError:
+            continue
+        if got == pid:
+            return status
+
+
+def reap() -> None:
+    """Collect exited children (we are a subreaper: orphans of the job become ours)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
