@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import clusterrun_env, run_clusterrun, write_inventory
-from test_ssh_up import _wait_for_lines
+from simjobs import clusterrun_env, run_clusterrun, wait_for_lines, write_inventory
 
 pytestmark = pytest.mark.cluster
 
@@ -49,7 +48,7 @@ def test_exec_leaves_nothing_running(sim_cluster: SimCluster, tmp_path: Path, ho
                             stderr=subprocess.PIPE, text=True, env=clusterrun_env(), stdin=subprocess.DEVNULL,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        _wait_for_lines(proc, 2, "started", timeout=60)
+        wait_for_lines(proc, 2, "started", timeout=60)
         assert set(sim_cluster.job_processes(marker)) == {"node0", "node1"}
         if how == "ctrl-c":
             proc.send_signal(signal.SIGINT)

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import run_clusterrun, status, the_run, write_inventory
-from test_ssh_up import _agent_of, _fault_mid_run, assert_nothing_left
+from simjobs import agent_of, assert_nothing_left, fault_mid_run, run_clusterrun, status, the_run, write_inventory
 
 pytestmark = pytest.mark.cluster
 
@@ -134,12 +133,12 @@ def _flood_with_fault(cluster: SimCluster, cwd: Path, fault: Callable[[Path], ob
     """A 2-node flood; once both ranks are ready, ``fault(run directory)``. Returns the run, exit code, stderr."""
     write_inventory(cluster, cwd / "cluster.yaml", 2, nproc=1)
     (cwd / "flood.py").write_text(KILLED_FLOOD)
-    return _fault_mid_run(cwd, "flood.py", "ready", fault)
+    return fault_mid_run(cwd, "flood.py", "ready", fault)
 
 
 def test_killed_agent_mid_flood_the_record_says_what_was_fetched(sim_cluster: SimCluster, tmp_path: Path) -> None:
     run, rc, err = _flood_with_fault(sim_cluster, tmp_path,
-                                     lambda run: os.kill(_agent_of(run.name, "node1"), signal.SIGKILL))
+                                     lambda run: os.kill(agent_of(run.name, "node1"), signal.SIGKILL))
     assert rc not in (0, None), err
     st = status(run)
     fetched = [n for n in st["notes"] if n.startswith("node1: its stream broke; fetched")]

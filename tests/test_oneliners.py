@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import run_clusterrun, write_inventory
-from test_ssh_up import WORKER, reports
+from simjobs import WORKER, reports, run_clusterrun, write_inventory
 
 pytestmark = pytest.mark.cluster
 

@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import run_clusterrun, start_clusterrun, status, the_run, write_inventory
-from test_ssh_up import _wait_for_lines, assert_nothing_left
+from simjobs import (
+    assert_nothing_left,
+    run_clusterrun,
+    start_clusterrun,
+    status,
+    the_run,
+    wait_for_lines,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -38,7 +45,7 @@ def test_dead_data_nic_is_named_and_the_job_stopped_within_seconds(sim_cluster: 
     (tmp_path / "loop.py").write_text(ALLREDUCE_LOOP)
     proc = start_clusterrun("up", str(inv), "loop.py", cwd=tmp_path)
     try:
-        _wait_for_lines(proc, 8, "step")  # every rank is training (twice)
+        wait_for_lines(proc, 8, "step")  # every rank is training (twice)
         run = the_run(tmp_path)
         sim_cluster.drop_nic("node2", "data")
         fault = time.monotonic()
@@ -66,7 +73,7 @@ def test_on_path_loss_warn_reports_and_lets_the_job_run(sim_cluster: SimCluster,
     (tmp_path / "quiet.py").write_text(QUIET_JOB)
     proc = start_clusterrun("up", "--on-path-loss", "warn", str(inv), "quiet.py", cwd=tmp_path)
     try:
-        _wait_for_lines(proc, 3, "working")
+        wait_for_lines(proc, 3, "working")
         run = the_run(tmp_path)
         sim_cluster.drop_nic("node1", "data")
         deadline = time.monotonic() + 30

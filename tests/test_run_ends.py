@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import clusterrun_env, write_inventory
+from simjobs import connecting_to, start_clusterrun, the_run, wait_for_lines, wait_until, write_inventory
 
 from clusterrun.inventory.yaml_source import load_inventory
 from clusterrun.launch.up import _new_run_dir
@@ -36,18 +33,16 @@ def test_a_run_id_already_taken_is_drawn_again_and_the_plan_follows(tmp_path: Pa
 @pytest.mark.cluster
 def test_ctrl_c_during_the_checks_is_recorded(sim_cluster: SimCluster, tmp_path: Path) -> None:
     """A node that does not answer keeps the checks waiting; Ctrl-C then leaves `interrupted`, not `starting`."""
+    # node1's connect must still be waiting when Ctrl-C comes; clusterrun then ends when it gives up (30 s).
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1, connect_timeout=30)
     (tmp_path / "x.py").write_text("print('never')\n")
     sim_cluster.partition(1)  # its packets are dropped: the connection waits
-    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", str(inv), "x.py"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                            env=clusterrun_env())
+    proc = start_clusterrun("up", str(inv), "x.py", cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        runs = tmp_path / "runs"
-        while not any(runs.glob("*/status.json")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)
+        # The checks have begun when clusterrun waits on node1's connection (status.json says `starting` then).
+        wait_until(lambda: connecting_to(proc.pid, sim_cluster.nodes[1].mgmt_ip) or proc.poll() is not None, 30,
+                   "clusterrun connecting to node1")
+        assert proc.poll() is None, proc.communicate()[1]
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)
     finally:
@@ -57,7 +52,7 @@ def test_ctrl_c_during_the_checks_is_recorded(sim_cluster: SimCluster, tmp_path:
             proc.wait()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    (status,) = [json.loads(p.read_text()) for p in runs.glob("*/status.json")]
+    (status,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/status.json")]
     assert status["state"] == "interrupted" and "before the job started" in status["detail"]
 
 
@@ -67,27 +62,24 @@ def test_a_frozen_orchestrator_finds_a_final_status_when_it_resumes(sim_cluster:
     their own; when clusterrun resumes it records the end (not `running` forever) and nothing is left."""
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     (tmp_path / "sleeper.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
-    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", str(inv), "sleeper.py"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                            env=clusterrun_env())
+    proc = start_clusterrun("up", str(inv), "sleeper.py", cwd=tmp_path)
     try:
-        assert proc.stdout is not None
-        seen = 0
-        deadline = time.monotonic() + 90
-        while seen < 2 and time.monotonic() < deadline:
-            seen += "] up" in proc.stdout.readline()
+        wait_for_lines(proc, 2, "] up")
+        run = the_run(tmp_path)
         proc.send_signal(signal.SIGSTOP)
-        time.sleep(20)  # past the agents' 15 s heartbeat timeout
+        # Frozen until the agents, hearing nothing for their heartbeat timeout (15 s), have stopped the job.
+        left = sim_cluster.wait_no_processes(run.name, 90)
         proc.send_signal(signal.SIGCONT)
+        assert not left, f"the agents did not stop the job of a frozen clusterrun: {left}"
         _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
             proc.kill()
             proc.wait()
     assert proc.returncode != 0 and "Traceback" not in err
-    (path,) = list((tmp_path / "runs").glob("*/status.json"))
-    status = json.loads(path.read_text())
+    status = json.loads((run / "status.json").read_text())
     assert status["state"] == "failed", status["state"]
     reasons = " ".join(str(n.get("reason")) for n in status["nodes"].values())
     assert "no word from clusterrun" in reasons or "watchdog" in reasons, reasons
-    assert not sim_cluster.wait_no_processes(path.parent.name, 20)
+    assert not sim_cluster.wait_no_processes(run.name, 20)

@@ -12,8 +12,17 @@ from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import ROOT, run_clusterrun, start_clusterrun, the_run, write_inventory
-from test_ssh_up import _agent_of, _wait_for_lines
+from simjobs import (
+    ROOT,
+    agent_of,
+    run_clusterrun,
+    sshd_connections,
+    start_clusterrun,
+    the_run,
+    wait_for_lines,
+    wait_until,
+    write_inventory,
+)
 
 LOCAL = ROOT / "inventories" / "localhost.yaml"
 TWO_LINES = """
@@ -77,15 +86,17 @@ def test_down_stops_what_a_hung_agent_left_behind(sim_cluster: SimCluster, tmp_p
     proc = start_clusterrun("up", str(inv), "sleep.py", cwd=tmp_path)
     agents: list[int] = []
     try:
-        _wait_for_lines(proc, 2, "up ")
+        wait_for_lines(proc, 2, "up ")
         run = the_run(tmp_path)
-        agents = [_agent_of(run.name, node) for node in ("node0", "node1")]
+        agents = [agent_of(run.name, node) for node in ("node0", "node1")]
         for pid in agents:
             os.kill(pid, signal.SIGSTOP)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         assert json.loads(run_clusterrun("status", "--json", cwd=tmp_path).stdout)["state"] == "lost"
-        time.sleep(2)
+        # Each node's sshd has seen its connection end (what a live agent would act on): the job is still there.
+        for node in ("node0", "node1"):
+            wait_until(lambda node=node: not sshd_connections(sim_cluster, node), 30, f"{node}'s sshd closing")
         assert set(sim_cluster.job_processes(run.name)) == {"node0", "node1"}  # left behind
         started = time.monotonic()
         done = run_clusterrun("down", run.name, "--grace", "1", cwd=tmp_path)

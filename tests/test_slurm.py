@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from simjobs import clusterrun_env, status, the_run
+from simjobs import clusterrun_env, status, the_run, wait_for_lines
 from slurmbed import SlurmBed
-from test_ssh_up import _wait_for_lines
 
 from clusterrun.errors import CommandTimeout, ConnectError, UsageError
 from clusterrun.inventory.models import Transport
@@ -244,7 +243,7 @@ def test_ctrl_c_leaves_nothing_on_any_node(bed: SlurmBed, allocation: dict[str, 
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                             env=bed.env({**clusterrun_env(), **allocation}))
     try:
-        _wait_for_lines(proc, 8, "sleeping")
+        wait_for_lines(proc, 8, "sleeping")
         run = the_run(tmp_path)
         assert set(bed.cluster.job_processes(run.name)) == set(bed.node_names)
         proc.send_signal(signal.SIGINT)

@@ -15,7 +15,9 @@ import pytest
 
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
-from clusterrun.transport.ssh_target import JumpHop, config_files, lookup_config, parse_jump_spec, resolve_target
+from clusterrun.transport.jump_spec import JumpHop, parse_jump_spec
+from clusterrun.transport.ssh_config import config_files, lookup_config
+from clusterrun.transport.ssh_target import resolve_target
 
 
 @pytest.fixture

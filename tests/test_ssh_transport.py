@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import run_clusterrun, write_inventory
+from simjobs import CONNECT_TIMEOUT, run_clusterrun, write_inventory
 
 from clusterrun.errors import CommandTimeout, ConnectError, HostKeyError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.cluster
 
 def settings(cluster: SimCluster, **kw: object) -> SshSettings:
     base: dict[str, object] = {"config_file": str(cluster.ssh_config), "known_hosts": str(cluster.known_hosts),
-                               "host_key_policy": HostKeyPolicy.strict, "connect_timeout": 3.0}
+                               "host_key_policy": HostKeyPolicy.strict, "connect_timeout": CONNECT_TIMEOUT}
     base.update(kw)
     return SshSettings(**base)  # type: ignore[arg-type]
 

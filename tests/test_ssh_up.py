@@ -4,35 +4,29 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import os
-import select
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from procs import marked_processes
 from simcluster import SimCluster
-from simjobs import run_clusterrun, start_clusterrun, status, the_run, write_inventory
+from simjobs import (
+    WORKER,
+    agent_of,
+    assert_nothing_left,
+    fault_mid_run,
+    nic_bytes,
+    reports,
+    run_clusterrun,
+    start_clusterrun,
+    status,
+    the_run,
+    wait_for_lines,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.cluster
-
-WORKER = """
-import json, os, torch, torch.distributed as dist
-dist.init_process_group("gloo")
-keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-        "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-total = torch.tensor([float(dist.get_rank() + 1)])
-dist.all_reduce(total)
-big = torch.ones(4 * 1024 * 1024)
-for _ in range(8):  # enough bytes that the NIC that carried them shows it
-    dist.all_reduce(big)
-print("REPORT " + json.dumps({**{k: os.environ.get(k) for k in keys}, "sum": total.item(),
-                              "big": big[0].item(), "host": os.uname().nodename}), flush=True)
-dist.destroy_process_group()
-"""
 
 FAIL_ON_RANK_2 = """
 import os, sys, time
@@ -50,20 +44,6 @@ import os, time
 print("sleeping", os.environ["RANK"], flush=True)
 time.sleep(120)
 """
-
-
-def nic_bytes(cluster: SimCluster, node: str, nic: str) -> int:
-    out = cluster.ns_run(node, ["cat", f"/sys/class/net/{nic}/statistics/tx_bytes"]).stdout
-    return int(out.strip())
-
-
-def reports(stdout: str) -> list[dict]:
-    return [json.loads(line.split("REPORT ", 1)[1]) for line in stdout.splitlines() if "REPORT " in line]
-
-
-def assert_nothing_left(cluster: SimCluster, run_id: str, timeout: float = 10.0) -> None:
-    left = cluster.wait_no_processes(run_id, timeout)
-    assert not left, f"processes of run {run_id} left behind: {left}"
 
 
 @pytest.mark.parametrize("nodes", [2, 4])
@@ -125,34 +105,13 @@ def test_failing_worker_stops_every_node(sim_cluster: SimCluster, tmp_path: Path
     assert_nothing_left(sim_cluster, run.name, timeout=5)
 
 
-def _wait_for_lines(proc, count: int, needle: str, timeout: float = 90.0) -> None:
-    """Read ``proc``'s stdout until ``count`` lines hold ``needle``; the deadline holds even when nothing comes.
-
-    Reads the pipe itself (not through the text wrapper, whose buffer select cannot see); what it read is
-    not seen by a later ``communicate()``.
-    """
-    seen, buf = 0, b""
-    fd = proc.stdout.fileno()
-    deadline = time.monotonic() + timeout
-    while seen < count and time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            break
-        *lines, buf = (buf + chunk).split(b"\n")
-        seen += sum(needle.encode() in line for line in lines)
-    assert seen == count, f"saw {seen} of {count} '{needle}' lines"
-
-
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_interrupting_the_orchestrator_leaves_nothing(sim_cluster: SimCluster, tmp_path: Path, how: str) -> None:
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2)
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     proc = start_clusterrun("up", str(inv), "sleeper.py", cwd=tmp_path)
     try:
-        _wait_for_lines(proc, 4, "sleeping")
+        wait_for_lines(proc, 4, "sleeping")
         run = the_run(tmp_path)
         assert set(sim_cluster.job_processes(run.name)) == {"node0", "node1"}
         proc.send_signal(getattr(signal, how))
@@ -169,7 +128,8 @@ def test_interrupting_the_orchestrator_leaves_nothing(sim_cluster: SimCluster, t
 
 @pytest.mark.parametrize("fault", ["sshd-down", "blackholed", "wrong-python"])
 def test_unreachable_node_starts_nothing_anywhere(sim_cluster: SimCluster, tmp_path: Path, fault: str) -> None:
-    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 3)
+    # node2 gets a tight connect bound (the one a blackholed node waits out); the healthy nodes the usual one.
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 3, node_connect_timeout={"node2": 3.0})
     if fault == "wrong-python":
         text = inv.read_text().replace("  - name: node2\n", "  - name: node2\n    python: /nonexistent/bin/python\n")
         inv.write_text(text)
@@ -232,40 +192,12 @@ time.sleep(120)
 """
 
 
-def _agent_of(run_id: str, node: str) -> int:
-    """The node agent of ``node``: the parent of that node's torchrun (the agent itself carries no marker)."""
-    for pid, cmd in marked_processes(run_id):
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        if f"CLUSTERRUN_NODE={node}".encode() in environ and "torch.distributed.run" in cmd:
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
-            assert argv[1] == b"-c" and b"'agent'" in argv[2] and argv[3] == b"prepare", argv[3:]
-            return ppid
-    raise AssertionError(f"no torchrun of {node} in run {run_id}")
-
-
-def _fault_mid_run(cwd: Path, script: str, needle: str, fault: Callable[[Path], object]) -> tuple[Path, int, str]:
-    """Start `up` on cluster.yaml, wait until both ranks printed ``needle``, apply ``fault`` to the run directory,
-    and let clusterrun finish (killed after 90 s). Returns the run directory, clusterrun's exit code and stderr."""
-    proc = start_clusterrun("up", str(cwd / "cluster.yaml"), script, cwd=cwd)
-    try:
-        _wait_for_lines(proc, 2, needle)
-        run = the_run(cwd)
-        fault(run)
-        _out, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return run, proc.returncode, err
-
-
 def test_broken_stream_logs_are_fetched_from_the_node(sim_cluster: SimCluster, tmp_path: Path) -> None:
     """The agent on node1 dies: its stream breaks, but what its rank wrote afterwards still reaches runs/."""
     write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     (tmp_path / "job.py").write_text(CLEANUP_ON_TERM)
-    run, rc, err = _fault_mid_run(tmp_path, "job.py", "ready",
-                                  lambda run: os.kill(_agent_of(run.name, "node1"), signal.SIGKILL))
+    run, rc, err = fault_mid_run(tmp_path, "job.py", "ready",
+                                  lambda run: os.kill(agent_of(run.name, "node1"), signal.SIGKILL))
     assert rc not in (0, None), err
     assert "fetching the logs runs/ lacks from node1 and checking for leftovers on node1" in err
     log = (run / "node1" / "rank1.log").read_text()
@@ -281,7 +213,7 @@ def test_partitioned_node_is_reported_and_its_watchdog_stops_the_job(sim_cluster
     """node1 falls off the network mid-run: the run fails naming it, and node1's own agent stops the job there."""
     write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     (tmp_path / "sleep.py").write_text(SLEEPER)
-    run, rc, err = _fault_mid_run(tmp_path, "sleep.py", "sleeping", lambda _run: sim_cluster.partition("node1"))
+    run, rc, err = fault_mid_run(tmp_path, "sleep.py", "sleeping", lambda _run: sim_cluster.partition("node1"))
     assert rc not in (0, None), err
     assert "node1" in err.split("first failure:")[1].splitlines()[0]
     notes = " ".join(status(run)["notes"])
@@ -318,7 +250,7 @@ def test_environment_secrets_never_show_in_any_command_line(sim_cluster: SimClus
         f"import os, time\nprint('sleeping', os.environ['HF_TOKEN'] == {SECRET!r}, flush=True)\ntime.sleep(120)\n")
     proc = start_clusterrun("up", "-e", f"HF_TOKEN={SECRET}", str(inv), "sleeper.py", cwd=tmp_path)
     try:
-        _wait_for_lines(proc, 2, "sleeping True")  # the ranks have it
+        wait_for_lines(proc, 2, "sleeping True")  # the ranks have it
         run = the_run(tmp_path)
         shown = [(node.name, pid, cmd[:120]) for node in sim_cluster.nodes[:2]
                  for pid, cmd in sim_cluster.processes(node) if _holds_secret(cmd)]

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import run_clusterrun, status, the_run, write_inventory
-from test_ssh_up import WORKER, assert_nothing_left, nic_bytes, reports
+from simjobs import WORKER, assert_nothing_left, nic_bytes, reports, run_clusterrun, status, the_run, write_inventory
 
 pytestmark = pytest.mark.cluster
 

@@ -38,7 +38,8 @@ from paramiko.pkey import UnknownKeyType
 
 from clusterrun.errors import HostKeyError
 from clusterrun.inventory.models import HostKeyPolicy
-from clusterrun.transport.ssh_target import SshTarget, matches_pattern_list, warn_once
+from clusterrun.transport.ssh_config import matches_pattern_list, warn_once
+from clusterrun.transport.ssh_target import SshTarget
 
 log = logging.getLogger(__name__)
 _write_lock = threading.Lock()

@@ -2,8 +2,9 @@
 
 Where the connection goes (ssh_config, ProxyJump hops, a ProxyCommand) is decided by
 :mod:`clusterrun.transport.ssh_target`; the key the node shows is judged by
-:mod:`clusterrun.transport.known_hosts`. Commands run through the login shell as one command line
-(``cd DIR && env K=V argv...``), so nothing depends on sshd's ``AcceptEnv``.
+:mod:`clusterrun.transport.known_hosts`; a ProxyCommand runs in :mod:`clusterrun.transport.ssh_proxy`, and
+a started command's output is read by :mod:`clusterrun.transport.ssh_stream`. Commands run through the login
+shell as one command line (``cd DIR && env K=V argv...``), so nothing depends on sshd's ``AcceptEnv``.
 
 Every wait is bounded: ``connect_timeout`` bounds the TCP connect, the handshake, authentication,
 opening each channel and the node's answer to each exec or sftp request; a command by its own
@@ -18,10 +19,7 @@ import errno
 import os
 import re
 import select
-import signal
 import socket
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,74 +32,19 @@ from clusterrun.errors import AuthError, CommandTimeout, ConnectError, HostKeyEr
 from clusterrun.inventory.models import SshSettings
 from clusterrun.transport.base import DEFAULT_COMMAND_TIMEOUT, CommandResult, Stream, Transport, shell_command
 from clusterrun.transport.known_hosts import HostKeyCheck, KnownHosts, prefer_key_types
+from clusterrun.transport.ssh_proxy import ProxyCommand
+from clusterrun.transport.ssh_stream import SshStream
 from clusterrun.transport.ssh_target import SshTarget, resolve_target
 
-_STDERR_KEEP = 64 * 1024
 _KEEPALIVE_S = 5
 _READ_TICK_S = 1.0
-_RECV_CHUNK = 1 << 18
 # paramiko's words for a handshake that did not finish in time: no banner, or start_client's timeout
 # ran out (it then returns quietly and the next call finds "No existing session").
 _HANDSHAKE_STALLED = re.compile(r"banner|No existing session|Negotiation timed out", re.IGNORECASE)
-_PROXY_EXIT_WAIT_S = 2.0  # after SIGHUP, how long a ProxyCommand has to exit before SIGKILL
-
-
-class _ProxyCommand:
-    """A ProxyCommand run as OpenSSH runs it (``$SHELL -c "exec COMMAND"``), its stdin and stdout the connection.
-
-    The connection is one end of a socketpair rather than paramiko.ProxyCommand's pipes: paramiko's reader
-    spins on a pipe whose writer has gone (a command that died reads as "No existing session" after the
-    whole banner timeout) and drops the command's stderr. A socket gives paramiko a real end of file and
-    its own timeouts; stderr goes to a file kept for the error message.
-    """
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-        ours, theirs = socket.socketpair()
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
-        shell = os.environ.get("SHELL") or "/bin/sh"
-        try:
-            # Its own session: closing the connection signals the command's whole process group.
-            self.process = subprocess.Popen([shell, "-c", f"exec {command}"], stdin=theirs, stdout=theirs,
-                                            stderr=self._stderr, start_new_session=True)
-        except OSError:
-            ours.close()
-            self._stderr.close()
-            raise
-        finally:
-            theirs.close()
-        self.sock = ours
-
-    def failure(self, grace: float = 0.5) -> str | None:
-        """Why the command ended, if it has or does within ``grace`` seconds: exit status, last stderr line."""
-        try:
-            # Its end of the socket closes as it exits, a moment before it can be reaped.
-            code = self.process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            return None
-        self._stderr.seek(0, os.SEEK_END)
-        self._stderr.seek(max(0, self._stderr.tell() - 4096))
-        lines = self._stderr.read().decode(errors="replace").strip().splitlines()
-        said = f": {lines[-1].strip()}" if lines else ""
-        return f"the ProxyCommand `{self.command}` exited with status {code}{said}"
-
-    def close(self) -> None:
-        self.sock.close()
-        if self.process.poll() is None:
-            # OpenSSH ends its ProxyCommand with SIGHUP too.
-            for sig in (signal.SIGHUP, signal.SIGKILL):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.process.pid, sig)
-                try:
-                    self.process.wait(timeout=_PROXY_EXIT_WAIT_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        self._stderr.close()
 
 
 def _connect_error(node: str, target: SshTarget, exc: BaseException,
-                   proxy: _ProxyCommand | None = None) -> TransportError:
+                   proxy: ProxyCommand | None = None) -> TransportError:
     where = target.describe()
     if isinstance(exc, HostKeyError):
         return exc
@@ -184,74 +127,6 @@ def _transport_factory(known_key_types: list[str]) -> Callable[..., paramiko.Tra
     return make
 
 
-class SshStream(Stream):
-    """A started command. Its stdout and stderr are both read by whoever reads :meth:`chunks`: one thread per
-    stream (a node's agent is one stream), sleeping on the channel's poll descriptor until either has data."""
-
-    def __init__(self, channel: paramiko.Channel) -> None:
-        self._channel = channel
-        self._stderr = bytearray()
-        self._lock = threading.Lock()
-        self._stderr_lock = threading.Lock()
-        self._poll = channel.fileno()  # readable while stdout or stderr holds data, and once the channel ends
-
-    def _take_stderr(self) -> None:
-        with self._stderr_lock, contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            while self._channel.recv_stderr_ready():
-                chunk = self._channel.recv_stderr(65536)
-                if not chunk:
-                    break
-                self._stderr += chunk
-                del self._stderr[:-_STDERR_KEEP]
-
-    def chunks(self) -> Iterator[bytes]:
-        channel = self._channel
-        while True:
-            self._take_stderr()
-            try:
-                if channel.recv_ready():
-                    chunk = channel.recv(_RECV_CHUNK)
-                    if not chunk:
-                        return
-                    yield chunk
-                    continue
-                if channel.eof_received or channel.closed:
-                    self._take_stderr()
-                    return
-            except (OSError, EOFError, paramiko.SSHException):
-                return
-            try:
-                select.select([self._poll], [], [], 1.0)
-            except (OSError, ValueError):  # the channel was closed meanwhile (abort): its descriptor is gone
-                if channel.closed:
-                    return
-                time.sleep(0.1)
-
-    def send(self, text: str) -> bool:
-        with self._lock:
-            try:
-                if self._channel.closed:
-                    return False
-                self._channel.sendall(text.encode())
-                return True
-            except (OSError, EOFError, paramiko.SSHException):
-                return False
-
-    def wait(self, timeout: float) -> int | None:
-        # paramiko sets status_event when the exit status arrives or the channel closes.
-        if not self._channel.status_event.wait(timeout):
-            return None
-        return self._channel.recv_exit_status()
-
-    def abort(self) -> None:
-        with self._lock, contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            self._channel.close()  # sshd closes the agent's stdin: it stops the job
-
-    def stderr_text(self) -> str:
-        self._take_stderr()
-        return bytes(self._stderr).decode("utf-8", errors="replace")
-
-
 class SshTransport(Transport):
     """One node reached over SSH. Thread-safe: commands may run on several channels at once."""
 
@@ -262,7 +137,7 @@ class SshTransport(Transport):
         self._target: SshTarget | None = None
         self._client: paramiko.SSHClient | None = None
         self._jump_clients: list[paramiko.SSHClient] = []
-        self._proxies: list[_ProxyCommand] = []
+        self._proxies: list[ProxyCommand] = []
         self._lock = threading.Lock()
 
     @property
@@ -273,7 +148,7 @@ class SshTransport(Transport):
 
     # ------------------------------------------------------------ connection
 
-    def _new_client(self, target: SshTarget, sock: Any = None, proxy: _ProxyCommand | None = None
+    def _new_client(self, target: SshTarget, sock: Any = None, proxy: ProxyCommand | None = None
                     ) -> paramiko.SSHClient:
         # Read on every connect (a malformed line only warns); paramiko's own host key list stays empty so
         # that every key reaches HostKeyCheck, which knows the file and line of what it compares with.
@@ -330,7 +205,7 @@ class SshTransport(Transport):
         """A client connected to ``target`` through its ProxyCommand or jump chain (kept for closing)."""
         if target.proxy_command:
             try:
-                proxy = _ProxyCommand(target.proxy_command)
+                proxy = ProxyCommand(target.proxy_command)
             except OSError as exc:
                 raise ConnectError(self.node, f"cannot start the ProxyCommand `{target.proxy_command}` "
                                               f"({target.proxy_origin}): {exc}") from None
