@@ -110,11 +110,32 @@ def test_a_lost_node_is_left_out_and_the_job_goes_on_with_fewer(sim_cluster: Sim
     assert sorted(lines(out, "attempt 1")) == [f"attempt 1 rank {r} world 3 torchelastic 1" for r in range(3)]
     assert "node3 left out" in err
     assert "node3: its data path died: stopped answering on its data address" in err  # not its only watcher
-    st = status(the_run(tmp_path))
+    run = the_run(tmp_path)
+    st = status(run)
     assert st["state"] == "succeeded" and st["attempts"][1]["nodes"] == ["node0", "node1", "node2"]
     assert "node3" in st["attempts"][1]["left_out"]
+    # The record covers the whole run: both attempts, from the first start to the last end, and what the watch
+    # saw in attempt 0 and why it failed, at the top.
+    first, second = st["attempts"]
+    assert (first["state"], second["state"]) == ("failed", "succeeded")
+    assert first["started"] < first["ended"] <= second["started"] < second["ended"] == st["ended"]
+    assert st["started"] == first["started"] and st["duration"] == pytest.approx(st["ended"] - first["started"])
+    assert st["first_failure"]["node"] == "node3" and first["first_failure"] == st["first_failure"]
+    lost = [e for e in st["events"] if e["kind"] in ("path-lost", "path-verdict") and e["node"] == "node3"]
+    assert lost and {e["attempt"] for e in lost} == {0}
+    # The summary, `status` and `runs` give the whole run's duration, not the last attempt's.
+    whole = f"{st['duration']:.1f}s"
+    assert f"succeeded after {whole}" in err
+    shown = run_clusterrun("status", cwd=tmp_path).stdout
+    assert f"took {whole}" in shown and "attempt 0 on node0, node1, node2, node3" in shown
+    assert "first failure: node3: its data path died" in shown and "path-" in shown
+    assert json.loads(run_clusterrun("runs", "--json", cwd=tmp_path).stdout)[0]["duration"] == st["duration"]
+    # node3 was left out of attempt 1: its logs are those of attempt 0, and `logs` finds them there.
+    logs = run_clusterrun("logs", "--node", "node3", cwd=tmp_path)
+    assert logs.returncode == 0 and "[node3:3] attempt 0 rank 3 world 4" in logs.stdout, logs.stderr
+    assert f"logs of node3: runs/{run.name}/attempt-0/node3/" in shown
     # node3's agent stopped its job when clusterrun went silent (the partition); nothing anywhere now
-    assert not sim_cluster.wait_no_processes(the_run(tmp_path).name, 30)
+    assert not sim_cluster.wait_no_processes(run.name, 30)
 
 
 def test_a_spare_takes_the_lost_masters_place(sim_cluster: SimCluster, tmp_path: Path) -> None:

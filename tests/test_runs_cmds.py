@@ -75,6 +75,39 @@ def test_down_on_a_finished_local_run_finds_nothing(two_runs: Path) -> None:
     assert done.returncode == 0 and "localhost: nothing left" in done.stdout
 
 
+SLOW_START = """
+import os, time
+time.sleep(2)
+for i in range(3):
+    print("line", i, "from", os.environ["RANK"], flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_logs_follow_started_before_any_output_waits_for_the_run(tmp_path: Path) -> None:
+    """`logs -f` in the first moments of a run (nodes still checked, no rank has written) follows it to its end."""
+    (tmp_path / "slow.py").write_text(SLOW_START)
+    proc = start_clusterrun("up", str(LOCAL), "slow.py", cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("runs/*/status.json")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        run = the_run(tmp_path)
+        assert not list(run.glob("*/rank*.log"))  # nothing written yet
+        follow = run_clusterrun("logs", "-f", cwd=tmp_path, timeout=120)
+        assert follow.returncode == 0, follow.stderr
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = follow.stdout.splitlines()
+    for rank in (0, 1):
+        assert [x for x in lines if x.startswith(f"[localhost:{rank}]")] == [
+            f"[localhost:{rank}] line {i} from {rank}" for i in range(3)]
+
+
 SLEEPER = "import os, time\nprint('up', os.environ['RANK'], flush=True)\ntime.sleep(300)\n"
 
 

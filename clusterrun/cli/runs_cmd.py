@@ -28,16 +28,16 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def runs(runs_dir: Path, as_json: bool) -> int:
     """List the runs in the runs directory: id, state, nodes, ranks, start, duration, exit code."""
-    from clusterrun.runs import list_runs, run_state
+    from clusterrun.runs import list_runs, run_record
 
     rows = []
     for run in list_runs(runs_dir):
         plan = run.read_plan()
-        status = run_state(run)
-        rows.append({"run_id": run.run_id, "state": status.get("state"), "nodes": plan.nnodes,
+        record = run_record(run)
+        rows.append({"run_id": run.run_id, "state": record.state.value, "nodes": plan.nnodes,
                      "world_size": plan.world_size, "script": plan.job.script,
-                     "started": status.get("started"), "duration": status.get("duration"),
-                     "exit_code": status.get("exit_code")})
+                     "started": record.started, "duration": record.duration,
+                     "exit_code": record.exit_code})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return 0
@@ -67,56 +67,73 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print status.json (with the state checked) as JSON.")
 def status(run: str, runs_dir: Path, as_json: bool) -> int:
     """Show one run: its state, and per node and rank what happened (RUN: an id, a unique part of one, or last)."""
-    from clusterrun.runs import find_run, run_state
+    from clusterrun.runs import find_run, run_record
+    from clusterrun.runs.judge import signal_name
 
     found = find_run(runs_dir, run)
-    state = run_state(found)
+    record = run_record(found)
     if as_json:
-        click.echo(json.dumps(state, indent=2))
+        click.echo(json.dumps(record.to_dict(), indent=2))
         return 0
     plan = found.read_plan()
-    click.echo(f"run {found.run_id}: {state.get('state')}, {plan.nnodes} node(s), {plan.world_size} rank(s), "
-               f"script {plan.job.script}, started {_when(state.get('started'))}"
-               + (f", exit code {state['exit_code']}" if state.get("exit_code") is not None else ""))
-    for name, node in (state.get("nodes") or {}).items():
-        ranks = ", ".join(f"{r}: {o['state']}" + (f" ({o.get('signal') or o['exit_code']})" if o.get("exit_code")
-                                                  else "") for r, o in node.get("ranks", {}).items())
-        what = node.get("state") or (f"exit code {node['exit_code']}" if node.get("exit_code") is not None else
-                                     state.get("state"))
-        reason = f" - {node['reason']}" if node.get("reason") and what != "succeeded" else ""
+    took = f", took {record.duration:.1f}s" if record.duration is not None else ""
+    click.echo(f"run {found.run_id}: {record.state.value}, {plan.nnodes} node(s), {plan.world_size} rank(s), "
+               f"script {plan.job.script}, started {_when(record.started)}{took}"
+               + (f", exit code {record.exit_code}" if record.exit_code is not None else ""))
+    for name, node in record.nodes.items():
+        ranks = ", ".join(f"{r}: {o.state.value}" + (f" ({signal_name(o.signal) or o.exit_code})" if o.exit_code
+                                                     else "") for r, o in sorted(node.ranks.items()))
+        what = (node.state.value if node.state else
+                f"exit code {node.exit_code}" if node.exit_code is not None else record.state.value)
+        reason = f" - {node.reason}" if node.reason and what != "succeeded" else ""
         click.echo(f"  {name}: {what}{reason}" + (f"; ranks {ranks}" if ranks else ""))
-    for name, problem in (state.get("problems") or {}).items():
+    for name, problem in record.problems.items():
         click.echo(f"  {name}: {problem}")
-    if state.get("first_failure"):
-        f = state["first_failure"]
-        who = f"{f['node']} rank {f['rank']}" if f.get("rank") is not None else f["node"]
-        detail = f" ({f['detail']})" if f.get("detail") else ""
-        click.echo(f"first failure: {who}: exit code {f['exit_code']}{detail}")
-    for event in state.get("events") or ():
+    for attempt in record.attempts:
+        took = f" in {attempt.duration:.1f}s" if attempt.duration is not None else ""
+        what = f"{attempt.state}: {attempt.cause}" if attempt.cause else attempt.state
+        click.echo(f"attempt {attempt.number} on {', '.join(attempt.nodes)}, started {_when(attempt.started)}"
+                   f"{took}: {what}")
+    if record.first_failure is not None:
+        click.echo(f"first failure: {record.first_failure.describe()}")
+    for event in record.events:
         click.echo(f"event {_when(event.get('time'))}: {event.get('node')}: {event.get('kind')}: {event.get('text')}")
-    for note in state.get("notes") or ():
+    for note in record.notes:
         click.echo(f"note: {note}")
-    if state.get("state") == "detached":
+    if record.state.value == "detached":
         click.echo(f"detached: it runs on its own; `clusterrun logs {found.run_id} -f` follows it (and records its "
                    f"end), `clusterrun down {found.run_id}` stops it")
-    if state.get("state") == "lost":
+    if record.state.value == "lost":
         click.echo(f"clusterrun stopped without recording the end; `clusterrun down {found.run_id}` stops what is left")
     click.echo(f"logs: {found.path}/")
+    for name, where in _earlier_logs(found, record).items():
+        click.echo(f"logs of {name}: {where}/")
     return 0
 
 
-def _rank_logs(run_dir: Any, node: str | None, rank: int | None) -> list[tuple[str, int, Path]]:
+def _earlier_logs(found: Any, record: Any) -> dict[str, Path]:
+    """The nodes whose logs are only in an earlier attempt's directory (left out of the later ones): where."""
+    out: dict[str, Path] = {}
+    for name, _rank, path in found.rank_logs():
+        if path.parent.parent != found.path and name not in record.nodes:
+            out.setdefault(name, path.parent)
+    return out
+
+
+def _no_logs(found: Any, record: Any, node: str | None, rank: int | None) -> Any:
+    """The error for a run with no matching rank log in runs/: where the logs are when they stayed on the nodes."""
     from clusterrun.errors import UsageError
 
-    logs = []
-    for path in sorted(run_dir.path.glob("*/rank*.log"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0):
-        r = int(path.stem[4:]) if path.stem[4:].isdigit() else -1
-        if (node is None or path.parent.name == node) and (rank is None or r == rank):
-            logs.append((path.parent.name, r, path))
-    if not logs:
-        what = " and ".join(x for x in (f"node {node}" if node else "", f"rank {rank}" if rank is not None else "") if x)
-        raise UsageError(f"no rank logs{' for ' + what if what else ''} in {run_dir.path}/")
-    return logs
+    what = " and ".join(x for x in (f"node {node}" if node else "", f"rank {rank}" if rank is not None else "") if x)
+    message = f"no rank logs{' for ' + what if what else ''} in {found.path}/"
+    if record.detached:
+        plan = found.read_plan()
+        where = "; ".join(f"{n.name}:{n.run_dir}/torchrun/" for n in plan.nodes if node is None or n.name == node)
+        if where:
+            message += (f"; this run was detached, so its rank logs stayed on its nodes ({where}; the node agent's "
+                        "per-rank files, stdout and stderr of each): copy them with scp or rsync, or print them with "
+                        "`clusterrun exec <inventory> -- cat <dir>/...`")
+    return UsageError(message)
 
 
 @click.command(epilog="""\b
@@ -134,16 +151,23 @@ Examples:
 def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: bool, raw: bool) -> int:
     """Print a run's rank logs, each line prefixed [node:rank] (RUN: an id, a unique part of one, or last)."""
     from clusterrun.launch.console import safe
-    from clusterrun.runs import find_run, run_state
+    from clusterrun.runs import RunState, find_run, run_record
 
     found = find_run(runs_dir, run)
     out = sys.stdout.write if raw else (lambda text: sys.stdout.write(safe(text)))
-    if run_state(found).get("state") == "detached":
+    if run_record(found).state is RunState.detached:
         return _remote_logs(found, node, rank, follow, out)
     offsets: dict[Path, int] = {}
     pending: dict[Path, bytes] = {}
     while True:
-        for name, r, path in _rank_logs(found, node, rank):
+        record = run_record(found)
+        going = follow and record.state in (RunState.starting, RunState.running)
+        logs = found.rank_logs(node, rank)
+        if not logs and not going:
+            if record.state is RunState.detached:  # it was detached while we waited: follow it on its nodes
+                return _remote_logs(found, node, rank, follow, out)
+            raise _no_logs(found, record, node, rank)
+        for name, r, path in logs:
             with open(path, "rb") as fh:
                 fh.seek(offsets.get(path, 0))
                 data = pending.pop(path, b"") + fh.read()
@@ -154,13 +178,12 @@ def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: b
             for line in lines:
                 out(f"[{name}:{r}] {line.decode('utf-8', errors='replace')}\n")
         sys.stdout.flush()
-        if not follow or run_state(found).get("state") not in ("starting", "running"):
+        if not going:
             for path, rest in pending.items():
                 out(f"[{path.parent.name}:{path.stem[4:]}] {rest.decode('utf-8', errors='replace')}\n")
-            for event in run_state(found).get("events") or ():  # what the watch saw, after the lines
+            for event in record.events:  # what the watch saw, after the lines
                 if node is None or event.get("node") == node:
-                    out(f"[clusterrun] {_when(event.get('time'))} {event.get('node')}: "
-                                     f"{event.get('text')}\n")
+                    out(f"[clusterrun] {_when(event.get('time'))} {event.get('node')}: {event.get('text')}\n")
             return 0
         time.sleep(0.5)
 

@@ -141,6 +141,10 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     if as_json:
         import json
 
-        click.echo(json.dumps(outcome.to_dict(), indent=2))
+        from clusterrun.runs import RunState, read_record
+
+        record = read_record(run_dir)  # the whole run's record (every attempt), as status.json says it
+        click.echo(json.dumps((record if record.state is not RunState.unknown else outcome.record()).to_dict(),
+                              indent=2))
     print_summary(outcome, run_dir)
     return outcome.exit_code

@@ -8,33 +8,18 @@ not be trusted with.
 
 from __future__ import annotations
 
-import enum
 import re
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT
-from clusterrun.runs import RunState
+from clusterrun.runs.judge import Failure, RankEnd, RankState, signal_name
+from clusterrun.runs.record import AttemptRecord, NodeRecord, RankRecord, RunRecord, RunState
 
-
-class RankState(str, enum.Enum):
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    stopped = "stopped"  # ended because clusterrun or torchrun stopped it after another failure
-    unknown = "unknown"  # the node's stream broke before it reported
-
-
-def signal_name(signum: int | None) -> str | None:
-    if not signum:
-        return None
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
+__all__ = ["Attempt", "Failure", "NodeOutcome", "RankOutcome", "RankState", "RunOutcome", "Signature", "no_restart",
+           "signal_name", "signature", "untrusted_nodes"]
 
 
 @dataclass
@@ -47,10 +32,15 @@ class RankOutcome:
     started: float | None = None
     ended: float | None = None
 
+    def record(self) -> RankRecord:
+        return RankRecord(self.rank, self.local_rank, self.state, self.exit_code, self.signal, self.started,
+                          self.ended)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "local_rank": self.local_rank, "state": self.state.value,
-                "exit_code": self.exit_code, "signal": signal_name(self.signal),
-                "started": self.started, "ended": self.ended}
+        return self.record().to_dict()
+
+    def judged(self) -> RankEnd:
+        return RankEnd(self.rank, self.state, self.exit_code, self.signal, self.started, self.ended)
 
 
 @dataclass
@@ -64,30 +54,9 @@ class NodeOutcome:
     launched: float | None = None  # when the node's agent had started torchrun (the node's clock)
     ended: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"state": self.state.value, "exit_code": self.exit_code, "reason": self.reason,
-                "started": self.started, "launched": self.launched, "ended": self.ended,
-                "ranks": {str(r): o.to_dict() for r, o in sorted(self.ranks.items())}}
-
-
-@dataclass(frozen=True)
-class Failure:
-    node: str
-    rank: int | None  # None when the node failed as a whole (lost connection, launcher error)
-    exit_code: int
-    signal: int | None
-    detail: str
-
-    def describe(self) -> str:
-        if self.rank is None and self.detail and not self.signal:
-            return f"{self.node}: {self.detail}"  # the node as a whole (lost, its data path died): the why is all
-        who = f"{self.node} rank {self.rank}" if self.rank is not None else self.node
-        how = f"killed by {signal_name(self.signal)}" if self.signal else f"exit code {self.exit_code}"
-        return f"{who}: {how}{f' ({self.detail})' if self.detail else ''}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "rank": self.rank, "exit_code": self.exit_code,
-                "signal": signal_name(self.signal), "detail": self.detail}
+    def record(self) -> NodeRecord:
+        return NodeRecord(self.state, self.exit_code, self.reason, self.started, self.launched, self.ended,
+                          {r: o.record() for r, o in self.ranks.items()})
 
 
 @dataclass
@@ -129,18 +98,17 @@ class RunOutcome:
             return 128 + self.interrupted_by if self.interrupted_by else EXIT_INTERRUPTED
         return 0
 
+    def record(self) -> RunRecord:
+        """This outcome as the run's record (of one attempt: :class:`clusterrun.launch.up` adds the others)."""
+        logs = {"complete": self.logs_complete, "gaps": self.log_gaps, "unverified": self.logs_unverified,
+                "received": self.log_totals}
+        return RunRecord(self.run_id, self.state, self.started, self.ended, self.exit_code,
+                         interrupted_by=signal_name(self.interrupted_by), first_failure=self.first_failure,
+                         notes=tuple(self.notes), events=tuple(self.events), watch=self.watch_cost, logs=logs,
+                         nodes={name: n.record() for name, n in self.nodes.items()})
+
     def to_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "state": self.state.value, "exit_code": self.exit_code,
-                "started": self.started, "ended": self.ended,
-                "duration": (self.ended - self.started) if self.ended else None,
-                "interrupted_by": signal_name(self.interrupted_by),
-                "first_failure": self.first_failure.to_dict() if self.first_failure else None,
-                "notes": self.notes,
-                "events": self.events,
-                "watch": self.watch_cost,
-                "logs": {"complete": self.logs_complete, "gaps": self.log_gaps, "unverified": self.logs_unverified,
-                         "received": self.log_totals},
-                "nodes": {name: n.to_dict() for name, n in self.nodes.items()}}
+        return self.record().to_dict()
 
 
 @dataclass
@@ -156,11 +124,14 @@ class Attempt:
     cause: str | None = None  # what ended it, when it failed
     left_out: dict[str, str] = field(default_factory=dict)  # node -> why it is not in this attempt
     replaced: dict[str, str] = field(default_factory=dict)  # lost node -> the spare that took its place
+    first_failure: Failure | None = None
+
+    def record(self) -> AttemptRecord:
+        return AttemptRecord(self.number, tuple(self.nodes), self.started, self.ended, self.state, self.exit_code,
+                             self.cause, dict(self.left_out), dict(self.replaced), self.first_failure)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"attempt": self.number, "nodes": self.nodes, "started": self.started, "ended": self.ended,
-                "state": self.state, "exit_code": self.exit_code, "cause": self.cause,
-                "left_out": self.left_out, "replaced": self.replaced}
+        return self.record().to_dict()
 
     def describe(self) -> str:
         what = self.state if not self.cause else f"{self.state}: {self.cause}"

@@ -38,7 +38,8 @@ from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import protocol
 from clusterrun.remote.protocol import Frame
-from clusterrun.runs import RunDir, RunState
+from clusterrun.runs import RunDir, RunState, read_record, write_record
+from clusterrun.runs.judge import judge_node
 
 log = logging.getLogger(__name__)
 
@@ -233,39 +234,19 @@ class Supervisor:
             self._node_exit(node, event)
 
     def _node_exit(self, node: NodeOutcome, event: dict[str, Any]) -> None:
-        node.ended = event.get("time") or time.time()
-        node.exit_code = event.get("rc")
-        node.reason = node.reason or event.get("reason")
-        stopping = self._stop_sent_at is not None
-        reported = {int(k): v for k, v in (event.get("ranks") or {}).items()}
-        root_failed = any(v.get("root_cause") for v in reported.values())
+        end = judge_node(node.name, list(node.ranks), event, stopping=self._stop_sent_at is not None,
+                         failed_early={r.rank: r.judged() for r in node.ranks.values() if r.state is RankState.failed})
+        node.ended = end.ended or time.time()
+        node.exit_code = end.exit_code
+        node.reason = node.reason or end.reason
+        node.state = end.state
         for rank in node.ranks.values():
-            info = reported.get(rank.rank, {})
-            rank.started = info.get("started") or rank.started
-            rank.ended = rank.ended or node.ended
-            if rank.state is RankState.failed:
-                continue
-            code = info.get("rc")
-            # Killed by a signal while another rank of the node was the root cause: torchrun stopped it.
-            stopped_by_torchrun = root_failed and info.get("signal") and not info.get("root_cause")
-            if code == 0 or (code is None and node.exit_code == 0 and not stopping):
-                rank.state, rank.exit_code = RankState.succeeded, 0
-            elif code is not None and not stopping and not stopped_by_torchrun:
-                rank.state, rank.exit_code, rank.signal = RankState.failed, code, info.get("signal")
-            else:
-                rank.state, rank.exit_code, rank.signal = RankState.stopped, code, info.get("signal")
-        failed = [r for r in node.ranks.values() if r.state is RankState.failed]
-        if failed:
-            node.state = RankState.failed
-            root = next((r for r in failed if reported.get(r.rank, {}).get("root_cause")), failed[0])
-            self._fail(Failure(node.name, root.rank, root.exit_code or 1, root.signal, ""))
-        elif node.exit_code == 0:
-            node.state = RankState.succeeded
-        elif stopping:
-            node.state = RankState.stopped
-        else:
-            node.state = RankState.failed
-            self._fail(Failure(node.name, None, node.exit_code or 1, None, node.reason or "torchrun failed"))
+            judged = end.ranks[rank.rank]
+            rank.state, rank.exit_code, rank.signal = judged.state, judged.exit_code, judged.signal
+            rank.started, rank.ended = judged.started or rank.started, rank.ended or judged.ended or node.ended
+        if end.failure is not None:
+            self._fail(end.failure if end.failure.rank is not None or not node.reason else
+                       dataclasses.replace(end.failure, detail=node.reason))
 
     def _fail(self, failure: Failure) -> None:
         if self._stop_sent_at is None and self.outcome.first_failure is None:
@@ -433,13 +414,11 @@ class Supervisor:
     def _record(self, event: dict[str, Any]) -> None:
         """An event of the run (the watch's findings): kept in order, and in status.json at once."""
         self.outcome.events.append(event)
-        try:
-            current = self.run_dir.read_json("status.json")
-        except (OSError, ValueError):
-            current = {}
-        if current.get("state") == RunState.running.value:
+        current = read_record(self.run_dir)  # it holds the earlier attempts' events, if any
+        if current.state is RunState.running:
             try:
-                self.run_dir.write_status(RunState.running, {**current, "events": self.outcome.events})
+                write_record(self.run_dir, current.with_event(
+                    {**event, "attempt": self.plan.job.attempt} if current.attempts else event))
             except OSError as exc:
                 self.relay.failed("status.json", exc)
 

@@ -24,7 +24,8 @@ from clusterrun.launch.replan import CannotContinue, backoff, plan_with_facts, r
 from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
 from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, build_plan
-from clusterrun.runs import RunDir, RunState, new_run_id
+from clusterrun.runs import NodeRecord, RunDir, RunRecord, RunState, new_run_id, read_record, write_record
+from clusterrun.runs.record import AttemptRecord, tag_events
 from clusterrun.transport.base import Transport
 from clusterrun.transport.factory import transport_for
 
@@ -127,7 +128,7 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
         # How to reach the nodes again later (`clusterrun down`, `logs -f`), whatever the source of the nodes was.
         run_dir.write_json("inventory.json",
                            redact.inventory_dump(inv.model_dump(mode="json", exclude_defaults=True)))
-        run_dir.write_status(RunState.starting, {"started": time.time(), "pid": os.getpid()})
+        write_record(run_dir, RunRecord(run_dir.run_id, RunState.starting, started=time.time(), pid=os.getpid()))
     except OSError as exc:  # nothing has started: say where and why, and start nothing
         raise ClusterrunError(f"cannot write the run directory in {runs_dir}: {exc.strerror or exc}; free space "
                               "there or choose another with --runs-dir") from exc
@@ -161,6 +162,7 @@ class _Run:
         self.transports: dict[str, Transport] = {}
         self.spares = [n.name for n in inv.nodes if n.spare]
         self.attempts: list[Attempt] = []
+        self.events: tuple[dict[str, object], ...] = ()  # of every attempt that ended, in order
 
     def first(self, plan: LaunchPlan, detach: bool) -> tuple[RunOutcome | None, RunDir]:
         try:
@@ -168,24 +170,29 @@ class _Run:
             if detach:
                 launched = start_detached(plan, _links(ready), {name: r.stage for name, r in ready.items()},
                                           self.settings.grace)
-                self.run_dir.write_status(RunState.detached, {"started": time.time(), "nodes": {
-                    n: {"launched": t} for n, t in launched.items()}})
+                self._write(read_record(self.run_dir).replace(
+                    state=RunState.detached, started=time.time(), pid=None, detached=True,
+                    nodes={n: NodeRecord(launched=t) for n, t in launched.items()}))
                 return None, self.run_dir
             self.notifier.send("start", f"clusterrun: run {plan.run_id} started on {plan.nnodes} node(s), "
                                         f"{plan.world_size} rank(s)", run_id=plan.run_id, state="running",
                                nodes=[n.name for n in plan.nodes], run_dir=str(self.run_dir.path))
             outcome = self._run(plan, ready, attempt)
         except StartError as exc:
-            self.run_dir.write_status(RunState.not_started, {"problems": exc.problems, "ended": time.time()})
+            self._write(read_record(self.run_dir).replace(state=RunState.not_started, pid=None, ended=time.time(),
+                                                          problems=dict(exc.problems)))
             raise
         except KeyboardInterrupt:
-            if self.run_dir.read_json_or_empty("status.json").get("state") == RunState.starting.value:
-                self.run_dir.write_status(RunState.interrupted, {"ended": time.time(), "detail": "interrupted before "
-                                                                 "the job started (Ctrl-C during the checks)"})
+            current = read_record(self.run_dir)
+            if current.state is RunState.starting:
+                self._write(current.replace(state=RunState.interrupted, pid=None, ended=time.time(),
+                                            detail="interrupted before the job started (Ctrl-C during the checks)"))
             raise
         except ClusterrunError as exc:
-            if self.run_dir.read_json_or_empty("status.json").get("state") == RunState.starting.value:
-                self.run_dir.write_status(RunState.not_started, {"problems": [str(exc)], "ended": time.time()})
+            current = read_record(self.run_dir)
+            if current.state is RunState.starting:
+                self._write(current.replace(state=RunState.not_started, pid=None, ended=time.time(),
+                                            problems={"clusterrun": str(exc)}))
             raise
         outcome, plan = self._restarts(plan, outcome)
         self._finish(outcome)
@@ -243,9 +250,12 @@ class _Run:
     def _run(self, plan: LaunchPlan, ready: Mapping[str, NodeReady], attempt: Attempt) -> RunOutcome:
         supervisor = Supervisor(plan, _links(ready), self.run_dir, self.console, self.settings,
                                 stage={name: r.stage for name, r in ready.items()}, notifier=self.notifier)
+        attempt.started = supervisor.outcome.started
         self.attempts.append(attempt)
-        self.run_dir.write_status(RunState.running, {"started": time.time(), "pid": os.getpid(),
-                                                     **self._attempts_fields()})
+        # The record of the whole run so far: the earlier attempts and their events (the supervisor adds this
+        # one's events as they come).
+        self._write(RunRecord(self.run_dir.run_id, RunState.running, started=self.attempts[0].started,
+                              pid=os.getpid(), events=self.events, attempts=self._attempt_records()))
         self.console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
                           f"logs in {self.run_dir.path}/" + (f" (attempt {attempt.number})" if attempt.number else ""))
         outcome = supervisor.run()
@@ -253,6 +263,9 @@ class _Run:
                       grace=self.settings.grace, heartbeat_timeout=self.settings.heartbeat_timeout)
         attempt.ended, attempt.state, attempt.exit_code = outcome.ended, outcome.state.value, outcome.exit_code
         attempt.cause = outcome.first_failure.describe() if outcome.first_failure else None
+        attempt.first_failure = outcome.first_failure
+        self.events += tag_events(outcome.events, attempt.number) if self.restarts.max_restarts else tuple(
+            outcome.events)
         return outcome
 
     # ------------------------------------------------------------ restarts
@@ -338,18 +351,25 @@ class _Run:
             if node.name not in self.transports:
                 self.transports[node.name] = transport_for(self.inv, nodes[node.name])
 
-    def _attempts_fields(self) -> dict[str, object]:
-        if len(self.attempts) < 2 and not self.restarts.max_restarts:
-            return {}
-        return {"restart_count": self.attempts[-1].number, "attempts": [a.to_dict() for a in self.attempts]}
+    def _attempt_records(self) -> tuple[AttemptRecord, ...]:
+        """Every attempt so far, for a run that may restart (a run that may not has only one: none listed)."""
+        return tuple(a.record() for a in self.attempts) if self.restarts.max_restarts else ()
+
+    def _write(self, record: RunRecord) -> None:
+        write_record(self.run_dir, record)
 
     def _finish(self, outcome: RunOutcome) -> None:
-        fields = {**outcome.to_dict(), **self._attempts_fields()}
+        """The run's end, over all its attempts: from the first start to the last end, every attempt's events, and
+        the first failure of all (the last attempt's own stays in ``attempts``). ``outcome`` (the last attempt's)
+        gets the run's start, so that its summary and ``--notify`` say how long the whole run took."""
+        outcome.started = self.attempts[0].started if self.attempts else outcome.started
+        record = outcome.record().replace(events=self.events, attempts=self._attempt_records())
         if len(self.attempts) > 1:
             outcome.notes[:0] = [a.describe() for a in self.attempts]
-            fields["notes"] = outcome.notes
+            first = next((a.first_failure for a in self.attempts if a.first_failure is not None), None)
+            record = record.replace(notes=tuple(outcome.notes), first_failure=first)
         try:
-            self.run_dir.write_status(outcome.state, fields)
+            self._write(record)
         except OSError as exc:
             self.console.info(f"cannot write {self.run_dir.path}/status.json: {exc.strerror or exc}; the summary "
                               "below is the run's only record")

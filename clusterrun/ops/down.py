@@ -8,7 +8,7 @@ from clusterrun.agents.sweep import SWEEP_TIMEOUT, sweep
 from clusterrun.errors import ClusterrunError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.plan import NodePlan
-from clusterrun.runs import RunDir, RunState, run_state
+from clusterrun.runs import RunDir, RunState, run_record, write_record
 from clusterrun.transport.factory import transport_for
 from clusterrun.transport.fanout import fan_out
 
@@ -43,9 +43,7 @@ def sweep_run(run: RunDir, grace: float) -> dict[str, tuple[list[int], str | Non
 
 def record_stopped(run: RunDir) -> None:
     """After a sweep that reached every node: record the end that the run's own clusterrun could not write."""
-    state = run_state(run)
-    if state.get("state") in (RunState.starting.value, RunState.running.value, RunState.lost.value,
-                              RunState.detached.value):
-        state.update(ended=time.time(), stopped_by="clusterrun down")
-        state.pop("pid", None)
-        run.write_status(RunState.stopped, state)
+    record = run_record(run)
+    if record.state in (RunState.starting, RunState.running, RunState.lost, RunState.detached):
+        write_record(run, record.replace(state=RunState.stopped, ended=time.time(), stopped_by="clusterrun down",
+                                         pid=None))

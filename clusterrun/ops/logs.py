@@ -11,7 +11,8 @@ from clusterrun.agents.collect import collect
 from clusterrun.errors import ClusterrunError
 from clusterrun.ops.down import run_inventory
 from clusterrun.plan import NodePlan
-from clusterrun.runs import RunDir, RunState
+from clusterrun.runs import NodeRecord, RunDir, RunState, read_record, write_record
+from clusterrun.runs.judge import first_failure, judge_node, unreported_node
 from clusterrun.transport.factory import transport_for
 from clusterrun.transport.fanout import fan_out
 
@@ -72,30 +73,29 @@ def fetch(run: RunDir, received: dict[tuple[str, int, str], int], *, partial: bo
 def record_detached_end(run: RunDir, results: Mapping[str, NodeLogs]) -> None:
     """Once nothing of a detached run is left: copy its rank logs into runs/ and record its end from the nodes.
 
-    ``results``: the last :func:`fetch` (each node's exit record). The first failing rank of the first node
-    that recorded one is the run's first failure.
+    ``results``: the last :func:`fetch` (each node's exit record), judged as an attached run's nodes are
+    (:mod:`clusterrun.runs.judge`): the run's first failure is the earliest, torchrun's root cause first, and
+    ranks that torchrun stopped because of another are not failures.
     """
-    state = run.read_json("status.json")
-    if state.get("state") != RunState.detached.value:
+    record = read_record(run)
+    if record.state is not RunState.detached:
         return
     # The whole logs, so that runs/<id>/ holds them like any run's.
     for name, r in fetch(run, {}, partial=True).items():
         for rank, data in r.by_rank().items():
             run.node_dir(name)
             run.rank_log(name, rank).write_bytes(data)
-    codes: dict[str, int | None] = {}
-    first_failure = None
-    for name, r in results.items():
-        record = r.record or {}
-        codes[name] = record.get("rc")
-        failed_ranks = sorted((int(k), v) for k, v in (record.get("ranks") or {}).items()
-                              if v.get("rc") not in (0, None))
-        if first_failure is None and (failed_ranks or record.get("rc") not in (0,)):
-            rank, info = failed_ranks[0] if failed_ranks else (None, {"rc": record.get("rc")})
-            first_failure = {"node": name, "rank": rank, "exit_code": info.get("rc") if info.get("rc") is not None
-                             else 1, "signal": info.get("signal"), "detail": record.get("reason") or "no record"}
-    ended = time.time()
-    state.update(ended=ended, detached=True, exit_code=first_failure["exit_code"] if first_failure else 0,
-                 first_failure=first_failure, duration=ended - state["started"] if state.get("started") else None,
-                 nodes={n: {**state.get("nodes", {}).get(n, {}), "exit_code": c} for n, c in codes.items()})
-    run.write_status(RunState.failed if first_failure else RunState.succeeded, state)
+    plan = run.read_plan()
+    ends = []
+    for node in plan.nodes:
+        report = results[node.name].record if node.name in results else None
+        ends.append(judge_node(node.name, list(node.ranks), report, stopping=False) if report else
+                    unreported_node(node.name, list(node.ranks), "no record"))
+    first = first_failure(ends)
+    nodes = {}
+    for node, end in zip(plan.nodes, ends, strict=True):
+        before = record.nodes.get(node.name)
+        nodes[node.name] = NodeRecord.of(end, {r: r - node.rank_offset for r in node.ranks},
+                                         launched=before.launched if before else None, started=record.started)
+    write_record(run, record.replace(state=RunState.failed if first else RunState.succeeded, ended=time.time(),
+                                     exit_code=first.exit_code if first else 0, first_failure=first, nodes=nodes))

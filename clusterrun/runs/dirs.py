@@ -1,4 +1,5 @@
-"""Run directories on the orchestrator: ``runs/<run-id>/``.
+"""Run directories on the orchestrator: ``runs/<run-id>/``; what each run's ``status.json`` says is
+:mod:`clusterrun.runs.record`.
 
 Layout::
 
@@ -6,12 +7,12 @@ Layout::
     runs/<run-id>/status.json          state, per node and per rank: exit code or signal, start and end
     runs/<run-id>/<node>/rank<R>.log   every line of global rank R (stdout and stderr, in arrival order)
     runs/<run-id>/<node>/launcher.log  torchrun's own messages on that node
+    runs/<run-id>/attempt-<k>/         an earlier attempt of a restarted run: its node directories and plan
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import json
 import os
@@ -28,33 +29,6 @@ if TYPE_CHECKING:
 DEFAULT_RUNS_DIR = "runs"
 
 
-class RunState(str, enum.Enum):
-    """A run's ``state`` in status.json.
-
-    ``starting`` (nodes being checked) -> ``running`` -> ``succeeded`` | ``failed`` | ``interrupted``; or
-    ``not-started`` (a node could not be started: nothing ran); ``starting`` -> ``detached`` (``up --detach``)
-    -> ``succeeded`` | ``failed`` (recorded by ``clusterrun logs``); any of starting, running, detached ->
-    ``stopped`` (recorded by ``clusterrun down``). ``lost`` is never written: :func:`run_state` says it of a run
-    whose file says starting or running while its clusterrun is gone.
-    """
-
-    starting = "starting"
-    running = "running"
-    detached = "detached"
-    not_started = "not-started"
-    succeeded = "succeeded"
-    failed = "failed"
-    interrupted = "interrupted"
-    stopped = "stopped"
-    lost = "lost"
-    unknown = "unknown"  # status.json is missing or unreadable
-
-    @property
-    def ended(self) -> bool:
-        return self in (RunState.succeeded, RunState.failed, RunState.interrupted, RunState.stopped,
-                        RunState.not_started)
-
-
 def new_run_id(now: float | None = None) -> str:
     """Sortable and unique: ``20261123-101500-a1b2``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
@@ -64,7 +38,7 @@ def new_run_id(now: float | None = None) -> str:
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     # Write beside, then rename: a reader (or a crash) never sees half a file. Only the user reads it (0600).
     tmp = path.with_name(f".{path.name}.tmp")
     data = text.encode("utf-8")
@@ -116,14 +90,8 @@ class RunDir:
 
     def write_json(self, name: str, data: Mapping[str, Any]) -> None:
         if name == "status.json":
-            raise ValueError("status.json is written by write_status only")
-        _atomic_write(self.path / name, json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-    def write_status(self, state: RunState, fields: Mapping[str, Any]) -> dict[str, Any]:
-        """The one writer of status.json (atomic): ``{"run_id", "state", **fields}``. Returns what it wrote."""
-        data = {"run_id": self.run_id, **fields, "state": state.value}
-        _atomic_write(self.path / "status.json", json.dumps(data, indent=2, sort_keys=False) + "\n")
-        return data
+            raise ValueError("status.json is written by clusterrun.runs.record.write_record only")
+        atomic_write(self.path / name, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
     def read_plan(self) -> LaunchPlan:
         from clusterrun.plan import LaunchPlan
@@ -157,6 +125,27 @@ class RunDir:
                 (dest / name).write_bytes((self.path / name).read_bytes())
         return dest
 
+    def attempt_dirs(self) -> list[Path]:
+        """The earlier attempts' directories (``attempt-<k>/``), the latest first."""
+        found = [p for p in self.path.glob("attempt-*") if p.is_dir() and p.name[8:].isdigit()]
+        return sorted(found, key=lambda p: int(p.name[8:]), reverse=True)
+
+    def rank_logs(self, node: str | None = None, rank: int | None = None) -> list[tuple[str, int, Path]]:
+        """``(node, rank, path)`` of every rank log in ``runs/`` (optionally one node's, one rank's), in rank order.
+        Each node's logs come from the latest attempt that holds any: the top for the nodes of the last attempt,
+        ``attempt-<k>/`` for a node that earlier attempts had and later ones left out."""
+        found: dict[str, list[tuple[int, Path]]] = {}
+        for where in (self.path, *self.attempt_dirs()):
+            per_node: dict[str, list[tuple[int, Path]]] = {}
+            for path in where.glob("*/rank*.log"):
+                r = int(path.stem[4:]) if path.stem[4:].isdigit() else -1
+                per_node.setdefault(path.parent.name, []).append((r, path))
+            for name, logs in per_node.items():
+                found.setdefault(name, logs)
+        out = [(name, r, path) for name, logs in found.items() for r, path in logs
+               if (node is None or name == node) and (rank is None or r == rank)]
+        return sorted(out, key=lambda x: (x[1], x[0]))
+
     def tail(self, node: str, rank: int, lines: int = 20) -> list[str]:
         try:
             text = self.rank_log(node, rank).read_text(encoding="utf-8", errors="replace")
@@ -189,19 +178,3 @@ def find_run(base: str | Path, ref: str) -> RunDir:
     if not matches:
         raise UsageError(f"no run {ref!r} in {base}/; `clusterrun runs` lists them (the last is {runs[-1].run_id})")
     raise UsageError(f"{ref!r} matches {len(matches)} runs ({', '.join(r.run_id for r in matches[:5])}); give more of the id")
-
-
-def run_state(run: RunDir) -> dict[str, Any]:
-    """status.json, with ``state`` corrected to ``lost`` when it says running but its clusterrun process is gone."""
-    try:
-        status = run.read_json("status.json")
-    except (OSError, ValueError):
-        return {"state": RunState.unknown.value}
-    if status.get("state") in (RunState.starting.value, RunState.running.value) and status.get("pid"):
-        try:
-            os.kill(int(status["pid"]), 0)
-        except ProcessLookupError:
-            status["state"] = RunState.lost.value  # killed without a chance to write its end; `clusterrun down` cleans up
-        except PermissionError:
-            pass
-    return status

@@ -1,0 +1,87 @@
+"""The one judge of how a node and a run ended (attached and detached runs alike): pure rules over end reports."""
+
+from __future__ import annotations
+
+import signal
+
+from clusterrun.runs.judge import (
+    Failure,
+    RankEnd,
+    RankState,
+    first_failure,
+    judge_node,
+    torchrun_time,
+    unreported_node,
+)
+
+
+def report(rc: int, ranks: dict[int, dict], *, time: float = 100.0, reason: str = "finished") -> dict:
+    return {"rc": rc, "time": time, "reason": reason, "ranks": {str(r): v for r, v in ranks.items()}}
+
+
+def test_every_rank_of_a_node_that_exited_0_succeeded() -> None:
+    end = judge_node("a", [0, 1], report(0, {0: {"rc": 0}, 1: {"rc": 0}}), stopping=False)
+    assert end.state is RankState.succeeded and end.failure is None
+    assert {r.state for r in end.ranks.values()} == {RankState.succeeded}
+
+
+def test_torchruns_root_cause_is_the_nodes_failure_and_the_ranks_it_killed_are_stopped() -> None:
+    ranks = {0: {"rc": 128 + 15, "signal": 15, "root_cause": False},
+             1: {"rc": 3, "signal": None, "root_cause": True, "time": "2026-11-25_14:30:01"}}
+    end = judge_node("a", [0, 1], report(1, ranks), stopping=False)
+    assert end.failure == Failure("a", 1, 3, None, "")
+    assert end.ranks[0].state is RankState.stopped and end.ranks[1].state is RankState.failed
+    assert end.failed_at == torchrun_time("2026-11-25_14:30:01")
+
+
+def test_ranks_of_a_node_clusterrun_was_stopping_are_not_failures() -> None:
+    end = judge_node("b", [2, 3], report(1, {2: {"rc": 128 + 15, "signal": signal.SIGTERM}, 3: {"rc": None}}),
+                     stopping=True)
+    assert end.state is RankState.stopped and end.failure is None
+    assert {r.state for r in end.ranks.values()} == {RankState.stopped}
+
+
+def test_a_rank_that_failed_while_the_others_ran_stays_failed() -> None:
+    early = {1: RankEnd(1, RankState.failed, 4, None, 1.0, 2.0)}
+    end = judge_node("a", [0, 1], report(1, {0: {"rc": None}}), stopping=True, failed_early=early)
+    assert end.ranks[1] == RankEnd(1, RankState.failed, 4, None, 1.0, 2.0)
+    assert end.failure == Failure("a", 1, 4, None, "")
+
+
+def test_a_torchrun_that_failed_with_no_rank_to_blame_fails_the_node() -> None:
+    end = judge_node("a", [0], report(1, {0: {"rc": None}}, reason="torchrun: bad argument"), stopping=False)
+    assert end.failure == Failure("a", None, 1, None, "torchrun: bad argument")
+
+
+def test_the_runs_first_failure_is_the_earliest_not_the_first_node() -> None:
+    late = judge_node("node0", [0], report(1, {0: {"rc": 5, "root_cause": True, "time": "2026-11-25_14:30:04"}},
+                                           time=1795412404.5), stopping=False)
+    early = judge_node("node1", [1], report(1, {1: {"rc": 3, "root_cause": True, "time": "2026-11-25_14:30:01"}},
+                                            time=1795412401.2), stopping=False)
+    assert first_failure([late, early]) == Failure("node1", 1, 3, None, "")
+
+
+def test_within_the_same_second_the_node_that_ended_first_failed_first() -> None:
+    a = judge_node("a", [0], report(1, {0: {"rc": 1, "root_cause": True, "time": "2026-11-25_14:30:01"}},
+                                    time=torchrun_time("2026-11-25_14:30:01") + 0.9), stopping=False)
+    b = judge_node("b", [1], report(1, {1: {"rc": 3, "root_cause": True, "time": "2026-11-25_14:30:01"}},
+                                    time=torchrun_time("2026-11-25_14:30:01") + 0.1), stopping=False)
+    assert first_failure([a, b]) == Failure("b", 1, 3, None, "")
+
+
+def test_a_node_without_a_report_fails_but_after_the_ones_that_said_when() -> None:
+    gone = unreported_node("a", [0], "no record")
+    failed = judge_node("b", [1], report(1, {1: {"rc": 2}}), stopping=False)
+    assert first_failure([gone, failed]) == Failure("b", 1, 2, None, "")
+    assert first_failure([gone]) == Failure("a", None, 1, None, "no record")
+    assert gone.ranks[0].state is RankState.unknown
+
+
+def test_no_failure_when_every_node_succeeded() -> None:
+    assert first_failure([judge_node("a", [0], report(0, {0: {"rc": 0}}), stopping=False)]) is None
+
+
+def test_failures_read_back_from_their_dict() -> None:
+    failure = Failure("a", 1, 143, int(signal.SIGTERM), "x")
+    assert Failure.from_dict(failure.to_dict()) == failure
+    assert Failure.from_dict({"node": "a", "rank": None, "exit_code": 1, "signal": "signal 77", "detail": ""}).signal == 77
