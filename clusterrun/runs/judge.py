@@ -1,0 +1,183 @@
+"""How a node and a run ended: one pure judge for attached runs (the supervisor, live) and detached ones
+(``clusterrun logs``, from each node's ``exit.json``).
+
+A node's end report (the agent's ``exit`` event, also written as ``exit.json``) says torchrun's exit code and,
+per global rank, ``rc``, ``signal``, ``time`` (torchrun's failure time, to the second) and ``root_cause``
+(torchrun listed it as the first observed failure). The rules:
+
+* a rank that exited 0, or whose torchrun exited 0 while nothing stopped it, succeeded;
+* a rank killed by a signal while another rank of its node was torchrun's root cause was stopped by torchrun:
+  not a failure; so is every rank of a node that clusterrun was already stopping (another node had failed);
+* otherwise a non-zero code is a failure; of a node's failed ranks the root cause is its failure (else the
+  first reported);
+* a node whose torchrun failed with no rank to blame failed as a whole (its reason says why);
+* the run's first failure is the earliest node failure: by torchrun's failure time (seconds), then by when the
+  node ended, then in the order given (plan order).
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class RankState(str, enum.Enum):
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    stopped = "stopped"  # ended because clusterrun or torchrun stopped it after another failure
+    unknown = "unknown"  # the node's stream broke before it reported
+
+
+def signal_name(signum: int | None) -> str | None:
+    if not signum:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def signal_number(name: str | int | None) -> int | None:
+    """The inverse of :func:`signal_name` (None for what it cannot read)."""
+    if name is None or isinstance(name, int):
+        return name
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        tail = name.rsplit(" ", 1)[-1]
+        return int(tail) if tail.isdigit() else None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The failure that ended a run (or an attempt): a rank, or a node as a whole."""
+
+    node: str
+    rank: int | None  # None when the node failed as a whole (lost connection, launcher error)
+    exit_code: int
+    signal: int | None
+    detail: str
+
+    def describe(self) -> str:
+        if self.rank is None and self.detail and not self.signal:
+            return f"{self.node}: {self.detail}"  # the node as a whole (lost, its data path died): the why is all
+        who = f"{self.node} rank {self.rank}" if self.rank is not None else self.node
+        how = f"killed by {signal_name(self.signal)}" if self.signal else f"exit code {self.exit_code}"
+        return f"{who}: {how}{f' ({self.detail})' if self.detail else ''}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "rank": self.rank, "exit_code": self.exit_code,
+                "signal": signal_name(self.signal), "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Failure:
+        rank = data.get("rank")
+        return cls(str(data.get("node") or "?"), int(rank) if rank is not None else None,
+                   int(data.get("exit_code") or 1), signal_number(data.get("signal")), str(data.get("detail") or ""))
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank ended, as the judge sees it."""
+
+    rank: int
+    state: RankState
+    exit_code: int | None = None
+    signal: int | None = None
+    started: float | None = None
+    ended: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeEnd:
+    """How one node ended: its ranks, its state, and its failure (None when it did not fail itself)."""
+
+    name: str
+    state: RankState
+    exit_code: int | None
+    reason: str | None
+    ended: float | None
+    ranks: Mapping[int, RankEnd]
+    failure: Failure | None = None
+    failed_at: float | None = None  # torchrun's time of the failure (to the second), when it said
+
+
+def torchrun_time(text: object) -> float | None:
+    """torchrun's failure time (``2026-11-25_14:30:01``, the node's local time) as seconds since the epoch."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    try:
+        return time.mktime(time.strptime(str(text), "%Y-%m-%d_%H:%M:%S"))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def judge_node(name: str, ranks: Sequence[int], report: Mapping[str, Any], *, stopping: bool,
+               failed_early: Mapping[int, RankEnd] | None = None) -> NodeEnd:
+    """The end of node ``name`` (global ``ranks``) from its end ``report``. ``stopping``: clusterrun had asked it to
+    stop (another node failed first, or the user stopped the run); ``failed_early``: ranks already known to have
+    failed while the others ran (the agent said so at once)."""
+    failed_early = failed_early or {}
+    node_rc = report.get("rc")
+    ended = report.get("time")
+    reported = {int(k): v for k, v in (report.get("ranks") or {}).items()}
+    root_failed = any(v.get("root_cause") for v in reported.values())
+    out: dict[int, RankEnd] = {}
+    for rank in ranks:
+        info = reported.get(rank, {})
+        started = info.get("started")
+        early = failed_early.get(rank)
+        if early is not None:
+            out[rank] = RankEnd(rank, RankState.failed, early.exit_code, early.signal, started or early.started,
+                                early.ended or ended)
+            continue
+        code, signum = info.get("rc"), info.get("signal")
+        # Killed by a signal while another rank of the node was the root cause: torchrun stopped it.
+        stopped_by_torchrun = root_failed and signum and not info.get("root_cause")
+        if code == 0 or (code is None and node_rc == 0 and not stopping):
+            state, code, signum = RankState.succeeded, 0, None
+        elif code is not None and not stopping and not stopped_by_torchrun:
+            state = RankState.failed
+        else:
+            state = RankState.stopped
+        out[rank] = RankEnd(rank, state, code, signum, started, ended)
+    failed = [r for r in out.values() if r.state is RankState.failed]
+    reason = report.get("reason")
+    if failed:
+        root = next((r for r in failed if reported.get(r.rank, {}).get("root_cause")), failed[0])
+        at = torchrun_time(reported.get(root.rank, {}).get("time"))
+        failure = Failure(name, root.rank, root.exit_code or 1, root.signal, "")
+        return NodeEnd(name, RankState.failed, node_rc, reason, ended, out, failure, at)
+    if node_rc == 0:
+        return NodeEnd(name, RankState.succeeded, node_rc, reason, ended, out)
+    if stopping:
+        return NodeEnd(name, RankState.stopped, node_rc, reason, ended, out)
+    failure = Failure(name, None, node_rc or 1, None, reason or "torchrun failed")
+    return NodeEnd(name, RankState.failed, node_rc, reason, ended, out, failure)
+
+
+def unreported_node(name: str, ranks: Sequence[int], reason: str) -> NodeEnd:
+    """A node that left no end report (lost, or its record is gone): its ranks' fate is unknown and it failed."""
+    return NodeEnd(name, RankState.unknown, None, reason, None, {r: RankEnd(r, RankState.unknown) for r in ranks},
+                   Failure(name, None, 1, None, reason))
+
+
+def first_failure(nodes: Sequence[NodeEnd]) -> Failure | None:
+    """The run's first failure: the earliest of the nodes' failures (see the module's rules); None when none
+    failed."""
+    failed = [(i, n) for i, n in enumerate(nodes) if n.failure is not None]
+    if not failed:
+        return None
+
+    def when(item: tuple[int, NodeEnd]) -> tuple[float, float, int]:
+        i, node = item
+        end = node.ended if node.ended is not None else float("inf")
+        at = node.failed_at if node.failed_at is not None else end
+        return (int(at) if at != float("inf") else at, end, i)
+
+    return min(failed, key=when)[1].failure
