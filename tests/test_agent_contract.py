@@ -22,7 +22,7 @@ from clusterrun.agents.sweep import ps, sweep
 from clusterrun.cli.runs_cmd import down
 from clusterrun.cli.up_cmd import up
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.launch.supervisor import SupervisorSettings
+from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.plan import EnvVar, NodePlan
 from clusterrun.remote import job, protocol
 from clusterrun.remote.protocol import Frame, frames

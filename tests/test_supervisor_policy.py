@@ -24,14 +24,14 @@ from clusterrun.errors import EXIT_TIMEOUT, StartError
 from clusterrun.inventory.yaml_source import parse_inventory_text
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
-from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
+from clusterrun.launch.settings import SupervisorSettings
+from clusterrun.launch.supervisor import Supervisor
 from clusterrun.plan import JobSpec, LaunchPlan, build_plan
 from clusterrun.runs import RunDir, RunState
 
 NPROC = 2
 T = 3.0  # the longest any script waits for clusterrun; only reached when the supervisor misbehaves
-FAST: dict[str, Any] = {"grace": 0.1, "heartbeat_interval": 0.05, "heartbeat_timeout": 0.5, "stop_timeout": 0.25,
-                        "start_timeout": 2.0}
+FAST: dict[str, Any] = {"grace": 0.1, "heartbeat_interval": 0.05, "heartbeat_timeout": 0.5, "stop_timeout": 0.25}
 
 Script = Callable[[FakeAgent], None]
 

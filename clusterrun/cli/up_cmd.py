@@ -108,7 +108,7 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
         click.echo(plan_json(plan)) if as_json else print_plan(plan)
         return 0
     from clusterrun.launch.console import Console
-    from clusterrun.launch.supervisor import SupervisorSettings
+    from clusterrun.launch.settings import SupervisorSettings
     from clusterrun.launch.up import RestartSettings, execute
 
     console = Console(ranks=_parse_ranks(ranks), quiet=quiet, raw=raw)

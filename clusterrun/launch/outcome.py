@@ -58,6 +58,13 @@ class NodeOutcome:
         return NodeRecord(self.state, self.exit_code, self.reason, self.started, self.launched, self.ended,
                           {r: o.record() for r, o in self.ranks.items()})
 
+    def unknown_end(self, reason: str | None) -> None:
+        """The node can no longer say how it ended (lost, or given up on): it and its running ranks are unknown."""
+        self.ended, self.state, self.reason = time.time(), RankState.unknown, reason
+        for rank in self.ranks.values():
+            if rank.state is RankState.running:
+                rank.state = RankState.unknown
+
 
 @dataclass
 class RunOutcome:

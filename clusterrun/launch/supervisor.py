@@ -10,29 +10,29 @@ of every rank file, then its ``exit`` event with each file's size, then closes t
 stream; the loop reads each stream to its end. The first failure (a rank exits non-zero, a node's connection
 drops) stops every other node: ``term`` to each agent, which sends SIGTERM to its
 processes and SIGKILL after the grace period. Ctrl-C or SIGTERM does the same; a
-second Ctrl-C sends ``kill``. Heartbeats tell each agent we are still here; an agent
+second Ctrl-C sends ``kill``. The run's phase (:mod:`clusterrun.launch.phase`) says which of these happened.
+Heartbeats tell each agent we are still here; an agent
 that stops hearing them (or whose connection closes) stops its node by itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import queue
 import signal
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from clusterrun.agents.link import AgentLink
 from clusterrun.agents.spec import run_spec
 from clusterrun.errors import EXIT_TIMEOUT, ClusterrunError, StartError
-from clusterrun.inventory.models import RunSettings
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
+from clusterrun.launch.phase import Phase, RunPhase
 from clusterrun.launch.relay import LogRelay
+from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathWatchState, StragglerWatch, Verdict
 from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, NodePlan
@@ -41,53 +41,8 @@ from clusterrun.remote.protocol import Frame
 from clusterrun.runs import RunDir, RunState, read_record, write_record
 from clusterrun.runs.judge import judge_node
 
-log = logging.getLogger(__name__)
-
-
-#: On a large run, at most about this many heartbeats, and CPU reports, reach clusterrun each second.
-BEATS_PER_SECOND = 32.0
-LOADS_PER_SECOND = 32 / 3  # 32 nodes report every 3 s, as given
 #: Events handled in one turn of the loop at most, before its work over every node (ticks, silence, heartbeats).
 EVENTS_PER_TURN = 256
-
-
-@dataclass(frozen=True)
-class SupervisorSettings:
-    grace: float = 2.0  # seconds between SIGTERM and SIGKILL on each node
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 15.0  # an agent that hears nothing for this long stops its node
-    stop_timeout: float = 10.0  # after asking nodes to stop: how long one may send nothing before we give up on it
-    drain_timeout: float = 600.0  # ... and how long one may go on sending its logs at most
-    start_timeout: float = 60.0  # for starting the agent on every node
-    queue_size: int = 512  # frames in flight (each at most 128 KiB of output); readers block beyond this
-    timeout: float | None = None  # the whole job: past this many seconds it is stopped and fails (exit 124)
-    path_watch: bool = True  # the agents watch the job's data paths (more than one node)
-    on_path_loss: str = "stop"  # or "warn": a dead data path is reported, the job goes on
-    watch_interval: float = protocol.WATCH_INTERVAL  # seconds between two probes of one path
-    watch_dead_after: float = protocol.WATCH_DEAD_AFTER  # seconds without an answer before a path is lost
-    hang_timeout: float | None = None  # no output from any rank for this long: every rank's stack, a digest
-    on_hang: str = "wait"  # or "stop": after the digest, stop the job
-    load_every: float = 3.0  # seconds between the agents' CPU reports (stragglers); 0: none
-
-    def paced(self, nodes: int) -> SupervisorSettings:
-        """These settings for a run of ``nodes`` nodes: heartbeats and CPU reports spaced out on large runs, so
-        that clusterrun handles about as many of them per second at 256 nodes as at 32 (each costs a fraction of
-        a millisecond of its CPU, and a short run on many nodes lasts a minute). The heartbeat timeout grows by
-        four times what the interval grew: a node is still declared lost only after four heartbeats in a row
-        went unanswered, as with the given settings."""
-        beat = max(self.heartbeat_interval, nodes / BEATS_PER_SECOND)
-        timeout = self.heartbeat_timeout + 4 * (beat - self.heartbeat_interval)
-        load = max(self.load_every, nodes / LOADS_PER_SECOND) if self.load_every else 0.0
-        return dataclasses.replace(self, heartbeat_interval=beat, heartbeat_timeout=timeout, load_every=load)
-
-    @classmethod
-    def for_run(cls, run: RunSettings, *, grace: float, timeout: float | None, path_watch: bool | None = None,
-                on_path_loss: str | None = None, hang_timeout: float | None = None,
-                on_hang: str | None = None) -> SupervisorSettings:
-        """The inventory's ``run`` settings, with each value given on the command line (not None) winning."""
-        return cls(grace=grace, timeout=timeout, path_watch=run.path_watch if path_watch is None else path_watch,
-                   on_path_loss=on_path_loss or run.on_path_loss, hang_timeout=hang_timeout or run.hang_timeout,
-                   on_hang=on_hang or run.on_hang)
 
 
 class Supervisor:
@@ -104,8 +59,7 @@ class Supervisor:
         self._streams: dict[str, AgentLink] = {}
         self._ended: set[str] = set()
         self.relay = LogRelay(run_dir, console, {n.name: n.run_dir for n in plan.nodes})
-        self._stop_sent_at: float | None = None
-        self._kill_sent = False
+        self.phase = RunPhase(self._send_running)
         self._signals: list[int] = []
         self._stage = stage or {}
         self._last_heard: dict[str, float] = {}
@@ -162,6 +116,7 @@ class Supervisor:
             for link in self._streams.values():
                 link.abort()
             raise StartError(problems)
+        self.phase.move(Phase.RUNNING)
         for name, item in earlier:  # what the agents said before the job (late answers are not events: ignored)
             self._handle(name, item)
         now, heard = time.time(), time.monotonic()
@@ -204,7 +159,7 @@ class Supervisor:
                 self.relay.failed(f"{name}'s launcher.log", exc)
             # Once stopping, torchrun's own report (a ChildFailedError traceback) only repeats what the
             # summary says; it stays in launcher.log.
-            if self._stop_sent_at is None or kind == protocol.ERROR:
+            if not self.phase.stopping or kind == protocol.ERROR:
                 self.console.node_line(name, text)
             if kind == protocol.ERROR:
                 node.reason = text
@@ -225,7 +180,7 @@ class Supervisor:
         elif kind == protocol.WATCHING and self.watch is not None:
             self.watch.on_watching(name, event)
         elif kind == protocol.PATH and self.watch is not None:
-            self.watch.on_path(name, event, now, stopping=self._stop_sent_at is not None,
+            self.watch.on_path(name, event, now, stopping=self.phase.stopping,
                                ended=self._jobs_ended())
         elif kind == protocol.EXIT:
             self.relay.expect(name, event.get("logs") or {})
@@ -234,7 +189,7 @@ class Supervisor:
             self._node_exit(node, event)
 
     def _node_exit(self, node: NodeOutcome, event: dict[str, Any]) -> None:
-        end = judge_node(node.name, list(node.ranks), event, stopping=self._stop_sent_at is not None,
+        end = judge_node(node.name, list(node.ranks), event, stopping=self.phase.stopping,
                          failed_early={r.rank: r.judged() for r in node.ranks.values() if r.state is RankState.failed})
         node.ended = end.ended or time.time()
         node.exit_code = end.exit_code
@@ -249,26 +204,14 @@ class Supervisor:
                        dataclasses.replace(end.failure, detail=node.reason))
 
     def _fail(self, failure: Failure) -> None:
-        if self._stop_sent_at is None and self.outcome.first_failure is None:
+        if not self.phase.stopping and self.outcome.first_failure is None:
             self.outcome.first_failure = failure
             self.console.info(f"{failure.describe()}; stopping all nodes")
             if self.notifier is not None:
                 self.notifier.send("failure", f"clusterrun: run {self.plan.run_id} failed: {failure.describe()}",
                                    run_id=self.plan.run_id, state="failing", first_failure=failure.to_dict(),
                                    nodes=[n.name for n in self.plan.nodes], run_dir=str(self.run_dir.path))
-        self._stop("term")
-
-    def _stop(self, how: str) -> None:
-        if how == "term" and self._stop_sent_at is not None:
-            return
-        if how == "kill":
-            if self._kill_sent:
-                return
-            self._kill_sent = True
-        self._stop_sent_at = self._stop_sent_at or time.monotonic()
-        for name, stream in self._streams.items():
-            if name not in self._ended:
-                stream.send(f"{how}\n")
+        self.phase.stop(Phase.STOPPING)
 
     # ------------------------------------------------------------ signals
 
@@ -286,10 +229,10 @@ class Supervisor:
             if self.outcome.interrupted_by is None:
                 self.outcome.interrupted_by = signum
                 self.console.info(f"{signal.Signals(signum).name}: stopping all nodes (again to kill at once)")
-                self._stop("term")
+                self.phase.stop(Phase.STOPPING)
             else:
                 self.console.info("killing all nodes now")
-                self._stop("kill")
+                self.phase.stop(Phase.KILLING)
 
     # ------------------------------------------------------------ the loop
 
@@ -337,32 +280,34 @@ class Supervisor:
                     self.watch.tick(now, self._jobs_ended(),
                                     {n for n in self._streams if now - self._heard(n) > quiet})
                 if self.hang is not None:
-                    self.hang.tick(now, set(self._streams) - self._ended, stopping=self._stop_sent_at is not None)
+                    self.hang.tick(now, set(self._streams) - self._ended, stopping=self.phase.stopping)
             if now >= next_beat:
                 next_beat = now + self.settings.heartbeat_interval
                 for name, stream in self._streams.items():
                     if name not in self._ended:
                         stream.send(f"{protocol.PING}\n")
             self._check_silent(now)
-            if self.settings.timeout and self._stop_sent_at is None and now - started > self.settings.timeout:
+            if self.settings.timeout and not self.phase.stopping and now - started > self.settings.timeout:
                 first = self.plan.nodes[0].name
                 self._fail(Failure(first, None, EXIT_TIMEOUT, None, f"the job ran past its {self.settings.timeout:g}s "
                                                                     "time limit"))
-            if self._stop_sent_at is not None and now - self._stop_sent_at > self.settings.stop_timeout:
+            since = self.phase.since_stop(now)
+            if since is not None and since > self.settings.stop_timeout:
                 # A node still sending its logs is waited for (up to drain_timeout); a silent one is not.
-                draining = now - self._stop_sent_at < self.settings.drain_timeout
+                draining = since < self.settings.drain_timeout
                 stuck = [n for n in self._streams if n not in self._ended and not (
                     draining and now - self._last_progress.get(n, 0.0) < self.settings.stop_timeout)]
                 self._give_up(stuck)
-            elif self._stop_sent_at is not None:
+            elif since is not None:
                 # A node that had already stopped answering every heartbeat when the stop went out (it fell off
                 # the network: the path watch named it) is not waited for the whole stop_timeout.
                 quiet = 3 * self.settings.heartbeat_interval
                 gone = [n for n in self._streams if n not in self._ended
-                        and self._heard(n) < self._stop_sent_at - quiet
+                        and self._heard(n) < now - since - quiet
                         and now - self._heard(n) > 2 * quiet]
                 if gone:
                     self._give_up(gone)
+        self.phase.move(Phase.ENDED)
         self.outcome.ended = time.time()
         note = self.hang.timeout_dumps_note() if self.hang is not None else None
         if note:
@@ -433,11 +378,7 @@ class Supervisor:
 
     def _lose(self, name: str, reason: str) -> None:
         """The node can no longer tell us what happened: its running ranks' fate is unknown, and the run fails."""
-        node = self.outcome.nodes[name]
-        node.ended, node.state, node.reason = time.time(), RankState.unknown, reason
-        for rank in node.ranks.values():
-            if rank.state is RankState.running:
-                rank.state = RankState.unknown
+        self.outcome.nodes[name].unknown_end(reason)
         self._fail(Failure(name, None, 1, None, reason))
 
     def _give_up(self, names: list[str]) -> None:
@@ -447,14 +388,10 @@ class Supervisor:
             stream.abort()
             self._ended.add(name)
             node = self.outcome.nodes[name]
-            node.ended, node.state = time.time(), RankState.unknown
             silent = time.monotonic() - self._heard(name)
-            node.reason = (f"did not confirm it stopped within {self.settings.stop_timeout:g}s"
-                           if silent < self.settings.stop_timeout else
-                           f"no word from the node for {silent:.0f}s (network down or node hung)")
-            for rank in node.ranks.values():
-                if rank.state is RankState.running:
-                    rank.state = RankState.unknown
+            node.unknown_end(f"did not confirm it stopped within {self.settings.stop_timeout:g}s"
+                             if silent < self.settings.stop_timeout else
+                             f"no word from the node for {silent:.0f}s (network down or node hung)")
             self.outcome.notes.append(
                 f"{name}: {node.reason}; its agent stops the job there when it stops hearing clusterrun; to look "
                 f"yourself: processes with CLUSTERRUN_RUN_ID={self.plan.run_id} in their environment")

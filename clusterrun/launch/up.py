@@ -21,7 +21,8 @@ from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.ready import NodeReady, check_ready, drop, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
 from clusterrun.launch.replan import CannotContinue, backoff, plan_with_facts, recompose
-from clusterrun.launch.supervisor import Supervisor, SupervisorSettings
+from clusterrun.launch.settings import SupervisorSettings
+from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, build_plan
 from clusterrun.runs import NodeRecord, RunDir, RunRecord, RunState, new_run_id, read_record, write_record

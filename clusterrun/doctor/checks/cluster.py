@@ -30,7 +30,7 @@ def _dead_on_data_network(ctx: Context) -> list[Endpoint]:
 def allreduce(ctx: Context) -> Iterator[Finding]:
     from clusterrun.facts.hints import failure_hints
     from clusterrun.launch.console import Console
-    from clusterrun.launch.supervisor import SupervisorSettings
+    from clusterrun.launch.settings import SupervisorSettings
     from clusterrun.launch.up import execute
     from clusterrun.plan import JobSpec, build_plan
 
