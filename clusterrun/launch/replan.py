@@ -9,10 +9,10 @@ import json
 from collections.abc import Mapping, Sequence
 
 from clusterrun import remote
-from clusterrun.errors import ClusterrunError, ParseError, PlanError, StartError
-from clusterrun.facts.nics import NetFacts, parse_net_facts, reconcile
+from clusterrun.errors import ClusterrunError, PlanError, StartError
+from clusterrun.facts.nics import reconcile
+from clusterrun.facts.node import LINE, ProbedNode, read_facts
 from clusterrun.inventory.models import Inventory
-from clusterrun.launch.ready import NodeReady
 from clusterrun.plan import LaunchPlan, NodePlan, build_plan
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import on_every_node
@@ -23,21 +23,20 @@ MISMATCH_HINT = ("the inventory and the nodes disagree: fix the inventory (or th
                  "<inventory> --checks nic` shows every NIC; no node was started")
 
 
-
-
-def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
-    """Only the network facts of every node, in parallel (``plan --probe``: nothing is created on the nodes).
+def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, ProbedNode]:
+    """Only the facts of every node, in parallel, from the node reporter (``plan --probe``, ``init``: nothing is
+    created on the nodes).
 
     Raises :class:`StartError` naming every node that could not be probed.
     """
-    def one(node: NodePlan) -> NodeReady:
-        res = transports[node.name].run(remote.argv(node.python, "ready", "facts"), timeout=60)
-        line = next((x for x in res.stdout.splitlines() if x.startswith("CLUSTERRUN-FACTS ")), None)
+    def one(node: NodePlan) -> ProbedNode:
+        res = transports[node.name].run(remote.argv(node.python, "nodefacts"), timeout=60)
+        line = next((x for x in res.stdout.splitlines() if x.startswith(LINE)), None)
         if line is None:
             raise ClusterrunError(f"probing with {node.python} failed (exit {res.exit_code}): {res.tail(2) or 'no output'}")
-        facts = json.loads(line.split(" ", 1)[1])
-        return NodeReady(node.name, net=facts.get("net"), ssh_address=transports[node.name].peer_address(),
-                         gpus=facts.get("gpus"))
+        facts = json.loads(line[len(LINE):])
+        return ProbedNode(node.name, net=facts.get("net"), ssh_address=transports[node.name].peer_address(),
+                          gpus=facts.get("gpus"))
 
     out, problems = on_every_node(plan.nodes, lambda n: n.name, one, "facts")
     if problems:
@@ -45,22 +44,7 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, N
     return out
 
 
-def read_facts(ready: Mapping[str, NodeReady]) -> tuple[dict[str, NetFacts], list[str], dict[str, str]]:
-    """The nodes' parsed network facts, a warning for each node whose NICs could not be read, and the
-    addresses SSH reached them at."""
-    facts: dict[str, NetFacts] = {}
-    unknown: list[str] = []
-    for name, r in ready.items():
-        if r.net is None:
-            continue
-        try:
-            facts[name] = parse_net_facts(name, r.net)
-        except ParseError as exc:  # no usable `ip` there: that node is planned from the inventory alone
-            unknown.append(f"{name}: its NICs could not be read ({exc}); planned from the inventory alone")
-    return facts, unknown, {name: r.ssh_address for name, r in ready.items() if r.ssh_address}
-
-
-def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, list[str]]:
+def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, list[str]]:
     """Nodes whose GPUs nobody listed (a one-liner without --gpus, an inventory node without ``gpus``) and whose
     process count nobody set get every GPU the node sees, one process each, as ``torchrun --nproc-per-node gpu``
     does. Returns the inventory so completed and a line per node that was."""
@@ -80,7 +64,7 @@ def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeRe
     return (inv.model_copy(update={"nodes": nodes}) if changed else inv), found
 
 
-def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, LaunchPlan]:
+def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, LaunchPlan]:
     """The inventory completed with the nodes' network facts (and the GPUs of nodes nobody listed them for, see
     :func:`with_found_gpus`), and the plan made from it. A single node's NICs are not looked at (its ranks talk
     over loopback). Raises :class:`StartError`

@@ -12,18 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from clusterrun.errors import ClusterrunError, ParseError
 from clusterrun.facts.nics import reconcile
+from clusterrun.facts.node import ProbedNode, read_facts
 from clusterrun.facts.parsers import nvidia_smi
 from clusterrun.inventory.models import Inventory, Nic
 from clusterrun.network import resolve_data_network
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import fan_out
-
-if TYPE_CHECKING:
-    from clusterrun.launch.ready import NodeReady
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"]
 
@@ -112,9 +109,7 @@ def render(inv: Inventory, gpus: Mapping[str, Gpus], ssh_addresses: Mapping[str,
     return "\n".join(lines) + "\n"
 
 
-def complete(inv: Inventory, ready: Mapping[str, NodeReady]) -> tuple[Inventory, dict[str, str]]:
-    """``inv`` with every node's probed NICs, and the addresses SSH reached (from :func:`replan.gather`)."""
-    from clusterrun.launch.replan import read_facts
-
+def complete(inv: Inventory, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, dict[str, str]]:
+    """``inv`` with every node's probed NICs, and the addresses SSH reached (from ``replan.gather``)."""
     facts, _unknown, ssh = read_facts(ready)
     return reconcile(inv, facts).inventory, ssh
