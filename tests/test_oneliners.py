@@ -165,6 +165,15 @@ def test_plan_probe_shows_the_gpus_up_will_use(sim_cluster: SimCluster, tmp_path
     assert [(n["nproc_per_node"], n["gpus"]) for n in plan["nodes"]] == [(4, [0, 1, 2, 3])]
 
 
+def test_init_lists_the_gpus_up_counts(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    python = python_with_gpus(tmp_path)
+    cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
+    done = run_clusterrun("init", "--ips", sim_cluster.nodes[0].mgmt_ip, "--ssh-config", str(cfg), "--python",
+                          str(python), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "    gpus: [0, 1, 2, 3]   # NVIDIA H200-141C\n" in done.stdout  # the recorded 4 x H200
+
+
 def test_doctor_and_up_report_the_same_nics_of_a_one_liner(sim_cluster: SimCluster, tmp_path: Path) -> None:
     """`up --ips` and `doctor --ips` on the same nodes give each node the same NICs: one reporter, one reading."""
     cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")

@@ -87,6 +87,7 @@ class NodeReport:
     speeds: Mapping[str, int] = field(default_factory=dict)
     rdma: tuple[RdmaPort, ...] = ()
     gpus: int | None = None  # the NVIDIA GPUs a process started there sees (None: not reported)
+    gpu_model: str | None = None  # nvidia-smi's name of the first
 
     @property
     def ip_ran(self) -> bool:
@@ -133,10 +134,11 @@ def parse_report(node: str, raw: Mapping[str, Any]) -> NodeReport:
     speeds = net.get("speeds") or {}
     if not isinstance(speeds, Mapping):
         raise ParseError(TOOL, f"speeds is {type(speeds).__name__}, not an object")
-    gpus = raw.get("gpus")
+    gpus, model = raw.get("gpus"), raw.get("gpu_model")
     return NodeReport(node, interfaces, text, error,
                       {str(k): int(v) for k, v in speeds.items() if isinstance(v, int)},
-                      tuple(_port(p) for p in net.get("rdma") or ()), gpus if isinstance(gpus, int) else None)
+                      tuple(_port(p) for p in net.get("rdma") or ()), gpus if isinstance(gpus, int) else None,
+                      model if isinstance(model, str) and model else None)
 
 
 def parse_output(node: str, text: str) -> NodeReport:
@@ -169,10 +171,11 @@ class ProbedNode:
     net: dict[str, Any] | None = None  # the reporter's ``net``, raw (see :func:`parse_report`)
     ssh_address: str | None = None  # the address SSH reached the node at
     gpus: int | None = None  # the NVIDIA GPUs a process there sees (None: not reported)
+    gpu_model: str | None = None  # nvidia-smi's name of the first (``plan --probe``/``init`` only)
 
     def report(self) -> NodeReport:
         """Raises :class:`ParseError` when the node's report is not shaped as the reporter writes it."""
-        return parse_report(self.node, {"net": self.net or {}, "gpus": self.gpus})
+        return parse_report(self.node, {"net": self.net or {}, "gpus": self.gpus, "gpu_model": self.gpu_model})
 
 
 def read_facts(nodes: Mapping[str, ProbedNode]) -> tuple[dict[str, NetFacts], list[str], dict[str, str]]:

@@ -36,7 +36,7 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, P
             raise ClusterrunError(f"probing with {node.python} failed (exit {res.exit_code}): {res.tail(2) or 'no output'}")
         facts = json.loads(line[len(LINE):])
         return ProbedNode(node.name, net=facts.get("net"), ssh_address=transports[node.name].peer_address(),
-                          gpus=facts.get("gpus"))
+                          gpus=facts.get("gpus"), gpu_model=facts.get("gpu_model"))
 
     out, problems = on_every_node(plan.nodes, lambda n: n.name, one, "facts")
     if problems:

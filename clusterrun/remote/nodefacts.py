@@ -7,7 +7,8 @@ says. Run as a program it prints one line ``CLUSTERRUN-FACTS <json>``::
     {"net": {"ip": <`ip -j addr show`>,            # or "ip_error": why it did not run
              "speeds": {interface: Mbit/s},          # /sys/class/net/*/speed
              "rdma": [{"hca", "port", "state", "phys_state", "link_layer", "rate", "netdevs"}]},
-     "gpus": <the NVIDIA GPUs a process started here sees>}
+     "gpus": <the NVIDIA GPUs a process started here sees>,
+     "gpu_model": <nvidia-smi's name of the first, or null>}
 
 The RDMA ports are read from ``/sys/class/infiniband/<hca>/ports/<n>/`` as the kernel writes them
 (``state`` "4: ACTIVE", ``phys_state`` "5: LinkUp", ``rate`` "100 Gb/sec (2X HDR)"); "" where a file
@@ -66,18 +67,19 @@ def net_facts(sys_root="/sys", ip_argv=("ip", "-j", "addr", "show")):
 
 
 def _smi_gpus():
-    """GPU indices by nvidia-smi (what the driver reports), or None when it is absent or fails."""
+    """(index, name) of each GPU by nvidia-smi (what the driver reports), or None when it is absent or fails."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
         return None
     try:
-        done = subprocess.run([tool, "--query-gpu=index", "--format=csv,noheader"], stdout=subprocess.PIPE,
+        done = subprocess.run([tool, "--query-gpu=index,name", "--format=csv,noheader"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, universal_newlines=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:
         return None
-    return [line.strip() for line in done.stdout.splitlines() if line.strip().isdigit()]
+    rows = [[cell.strip() for cell in line.split(",", 1)] for line in done.stdout.splitlines()]
+    return [(row[0], row[1] if len(row) > 1 else "") for row in rows if row[0].isdigit()]
 
 
 def visible_gpus(root="/proc/driver/nvidia/gpus", environ=None, smi=_smi_gpus):
@@ -101,7 +103,10 @@ def visible_gpus(root="/proc/driver/nvidia/gpus", environ=None, smi=_smi_gpus):
 
 def report(sys_root="/sys"):
     """Everything this module knows about the node (see the module's docstring)."""
-    return {"net": net_facts(sys_root), "gpus": visible_gpus()}
+    listed = _smi_gpus()
+    gpus = visible_gpus(smi=lambda: listed)
+    model = (listed[0][1] or None) if listed and gpus else None
+    return {"net": net_facts(sys_root), "gpus": gpus, "gpu_model": model}
 
 
 def main(argv):
