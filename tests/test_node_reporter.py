@@ -24,12 +24,14 @@ from clusterrun.doctor.facts import FACTS, NodeFacts, Section
 from clusterrun.doctor.model import Verdict
 from clusterrun.doctor.probe import PROGRAM_COMMANDS, SECTIONS, parse_probe, probe_script
 from clusterrun.doctor.registry import CHECKS, Context
-from clusterrun.doctor.run import with_probed_nics
+from clusterrun.doctor.run import with_probed_gpus, with_probed_nics
 from clusterrun.facts.nics import reconcile
 from clusterrun.facts.node import ProbedNode, parse_output, read_facts
 from clusterrun.facts.parsers import ibstat
 from clusterrun.facts.parsers.ibstat import PhysState, PortState
 from clusterrun.inventory.models import Inventory, Nic, NicKind
+from clusterrun.launch.replan import with_found_gpus
+from clusterrun.plan import JobSpec, build_plan
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 KERNEL_STATE = {PortState.DOWN: "1: DOWN", PortState.INIT: "2: INIT", PortState.ARMED: "3: ARMED",
@@ -68,13 +70,21 @@ def sysfs_tree(root: Path, adapters: list[tuple[ibstat.Ca, list[str]]], speeds: 
     return root
 
 
-def run_reporter(tmp_path: Path, sys_root: Path, ip_fixture: str) -> str:
-    """The reporter's output, run as a program, with `ip` replaying ``ip_fixture`` and no GPU tools."""
+def run_reporter(tmp_path: Path, sys_root: Path, ip_fixture: str, *, smi: bool = False,
+                 visible: str | None = None) -> str:
+    """The reporter's output, run as a program, with `ip` replaying ``ip_fixture``; with ``smi``, nvidia-smi is
+    the stand-in replaying a real 4 x H200 recording (tests/standins/nvidia_smi.py); ``visible``:
+    CUDA_VISIBLE_DEVICES in the node's environment."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "ip").write_text(f"#!/bin/sh\nexec cat {REAL / 'ip' / ip_fixture}\n")
     (bin_dir / "ip").chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    if smi:
+        standin = Path(__file__).parent / "standins" / "nvidia_smi.py"
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nexec {sys.executable} {standin} \"$@\"\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path),
+           **({"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {})}
     done = subprocess.run([sys.executable, str(remote.path("nodefacts")), "--sys", str(sys_root)], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
@@ -160,6 +170,22 @@ def test_ib_port_reads_the_same_verdict_from_sysfs_as_from_ibstat(tmp_path: Path
         ibstat_port.verdict, ibstat_port.summary, ibstat_port.hint)
     assert sysfs_port.evidence[0].command == "/sys/class/infiniband/*/ports/*"
     assert "mlx5_0 1 " in sysfs_port.evidence[0].output
+
+
+@pytest.mark.parametrize(("visible", "gpus"), [(None, [0, 1, 2, 3]), ("2,3", [0, 1]), ("-1", [])],
+                         ids=["all", "cuda-visible-devices", "hidden"])
+def test_doctor_and_up_give_a_one_liner_the_same_gpus(tmp_path: Path, visible: str | None, gpus: list[int]) -> None:
+    output = run_reporter(tmp_path, sysfs_tree(tmp_path / "sys", [], {}), "addr_host.json", smi=True, visible=visible)
+    probed, _ = up_reading("gpu01", output)
+    doctor, _ = doctor_reading("gpu01", output)
+    inv = hosts_only("gpu01")
+    plan = build_plan(inv, JobSpec(script="train.py", run_id="r1", local_runs_dir=str(tmp_path / "runs")))
+
+    up_inv, _ = with_found_gpus(inv, plan, {"gpu01": probed})
+    doctor_inv = with_probed_gpus(inv, {"gpu01": doctor})
+
+    assert list(up_inv.nodes[0].gpus) == list(doctor_inv.nodes[0].gpus) == gpus
+    assert doctor.report is not None and doctor.report.gpu_model == ("NVIDIA H200-141C" if gpus else None)
 
 
 def probe(python: str, tmp_path: Path, path: str | None = None) -> NodeFacts:

@@ -44,6 +44,15 @@ def with_probed_nics(inv: Inventory, facts: dict[str, NodeFacts]) -> Inventory:
     return reconcile(inv, found).inventory if found else inv
 
 
+def with_probed_gpus(inv: Inventory, facts: dict[str, NodeFacts]) -> Inventory:
+    """Nodes nobody listed GPUs for (one-liners without --gpus) get every GPU their reporter counted, as ``up``
+    gives them a process each, so the GPU checks look at the GPUs a run would use."""
+    from clusterrun.facts.node import complete_gpus
+
+    counts = {name: f.report.gpus for name, f in facts.items() if f.report is not None}
+    return complete_gpus(inv, counts, nproc_given=False)[0]
+
+
 def run_check(check: Check, ctx: Context) -> list[Finding]:
     """A check's findings; a check that raises is reported as a failure of clusterrun, not a crash of doctor."""
     try:
@@ -67,7 +76,7 @@ def run_doctor(inv: Inventory, checks: list[Check], options: Options, report_dir
     try:
         progress(f"probing {len(inv.nodes)} node(s)")
         report.facts = probe_all(inv, dict(transports), options.path)
-        inv = with_probed_nics(inv, report.facts)
+        inv = with_probed_gpus(with_probed_nics(inv, report.facts), report.facts)
         ctx = Context(inv, report.facts, options, transports, report_dir, progress)
         for check in sorted(checks, key=lambda c: c.active):  # facts-only checks first: they take no time
             if check.active:

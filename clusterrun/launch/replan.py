@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from clusterrun import remote
 from clusterrun.errors import ClusterrunError, PlanError, StartError
 from clusterrun.facts.nics import reconcile
-from clusterrun.facts.node import LINE, ProbedNode, read_facts
+from clusterrun.facts.node import LINE, ProbedNode, complete_gpus, read_facts
 from clusterrun.inventory.models import Inventory
 from clusterrun.plan import LaunchPlan, NodePlan, build_plan
 from clusterrun.transport.base import Transport
@@ -45,23 +45,9 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, P
 
 
 def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, list[str]]:
-    """Nodes whose GPUs nobody listed (a one-liner without --gpus, an inventory node without ``gpus``) and whose
-    process count nobody set get every GPU the node sees, one process each, as ``torchrun --nproc-per-node gpu``
-    does. Returns the inventory so completed and a line per node that was."""
-    if plan.job.nproc_per_node is not None or inv.defaults.nproc_per_node is not None:
-        return inv, []
-    nodes, found = [], []
-    for node in inv.nodes:
-        count = ready[node.name].gpus if node.name in ready else None
-        if node.gpus or node.nproc_per_node is not None or not count:
-            if count == 0 and "gpus" not in node.model_fields_set and node.nproc_per_node is None:
-                found.append(f"{node.name}: no GPU seen: one CPU process (--nproc-per-node for more)")
-            nodes.append(node)
-            continue
-        nodes.append(node.model_copy(update={"gpus": list(range(count))}))
-        found.append(f"{node.name}: {count} GPU(s) seen, one process each (gpus: 0-{count - 1})")
-    changed = any(a is not b for a, b in zip(nodes, inv.nodes, strict=True))
-    return (inv.model_copy(update={"nodes": nodes}) if changed else inv), found
+    """The inventory with every GPU each node sees where nobody listed its GPUs or set its process count (see
+    :func:`clusterrun.facts.node.complete_gpus`), and a line per node that was completed."""
+    return complete_gpus(inv, {name: r.gpus for name, r in ready.items()}, plan.job.nproc_per_node is not None)
 
 
 def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, LaunchPlan]:
