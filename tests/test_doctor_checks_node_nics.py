@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reported import facts_section
 
 import clusterrun.doctor.checks.node  # noqa: F401  (registers the checks)
-from clusterrun.doctor.facts import MISSING, NodeFacts, Section
+from clusterrun.doctor.facts import FACTS, MISSING, NodeFacts, Section
 from clusterrun.doctor.model import Finding, Scope, Verdict
 from clusterrun.doctor.probe import SECTIONS
 from clusterrun.doctor.registry import CHECKS, Context
+from clusterrun.facts.node import IP_COMMAND
 from clusterrun.facts.parsers import ip
 from clusterrun.inventory.models import Inventory
 
@@ -73,6 +75,9 @@ def section_map(sections: Mapping[str, str | tuple[str, int]]) -> dict[str, Sect
     """Probe sections from their output (exit 0) or (output, exit code)."""
     built = {}
     for name, value in sections.items():
+        if name == "ip_addr":  # what the node reporter's `ip -j addr show` printed
+            built[FACTS] = facts_section(ip=value)
+            continue
         output, rc = value if isinstance(value, tuple) else (value, 0)
         built[name] = Section(name, SECTIONS[name], rc, output)
     return built
@@ -330,7 +335,7 @@ def test_nic_present_on_recorded_ip_addr(addr: str, nic: dict[str, str], verdict
     assert (f.verdict, f.node, f.subject) == (verdict, "gpu01", nic["name"])
     assert has_words(f.summary, words), f.summary
     assert has_words(f.hint, hint_words), f.hint
-    assert f.evidence[0].command == SECTIONS["ip_addr"] and f.evidence[0].node == "gpu01"
+    assert f.evidence[0].command == IP_COMMAND and f.evidence[0].node == "gpu01"
     if verdict is Verdict.failed:
         assert f.hint
 

@@ -1,6 +1,6 @@
 """InfiniBand/RoCE doctor checks (ib.port, roce.gid, ib.peermem) on recorded real ibstat / ibv_devinfo output.
 
-The ``rdma_sys`` listings, the peermem words and a few edits of real output (named as such where they are
+The node reporter's /sys/class/infiniband listings, the peermem words and a few edits of real output (named as such where they are
 made) are synthetic: no recording of them exists.
 """
 
@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reported import facts_section, sysfs_port
 
 import clusterrun.doctor.checks.rdma  # noqa: F401  (registers the checks)
-from clusterrun.doctor.facts import MISSING, NodeFacts, Section
+from clusterrun.doctor.facts import FACTS, MISSING, RDMA_COMMAND, NodeFacts, Section
 from clusterrun.doctor.model import Finding, Scope, Verdict
 from clusterrun.doctor.probe import SECTIONS
 from clusterrun.doctor.registry import CHECKS, Context
@@ -28,10 +29,13 @@ def real(name: str) -> str:
     return (IBSTAT / name).read_text()
 
 
-def facts(node: str, **sections: str | tuple[str, int]) -> NodeFacts:
+def facts(node: str, **sections: Any) -> NodeFacts:
     """A probed node; each section is its output (exit 0) or (output, exit code)."""
     built = {}
     for name, value in sections.items():
+        if name == "rdma_sys":  # the ports the node reporter lists from /sys/class/infiniband
+            built[FACTS] = facts_section(rdma=value)
+            continue
         output, rc = value if isinstance(value, tuple) else (value, 0)
         built[name] = Section(name, SECTIONS[name], rc, output)
     return NodeFacts(node, built)
@@ -147,7 +151,7 @@ def test_port_down_and_rate_carry_measured_and_expected() -> None:
 def test_tools_missing_and_sysfs_empty_fails_once_per_node() -> None:
     inv = inventory({"name": "gpu03", "nics": [nic("mlx5_0"), {**nic("mlx5_1"), "name": "ib1"}]})
     finding = one(run("ib.port", inv, facts("gpu03", ibstat=NOT_INSTALLED, ibv_devinfo=DEVINFO_NOT_INSTALLED,
-                                             rdma_sys="")))
+                                             rdma_sys=[])))
     assert finding.verdict is Verdict.failed and finding.node == "gpu03"
     assert finding.summary == ("gpu03: ibstat/ibv_devinfo not installed on gpu03 and /sys/class/infiniband is empty "
                                "(install infiniband-diags / rdma-core)")
@@ -158,23 +162,23 @@ def test_tools_missing_and_sysfs_empty_fails_once_per_node() -> None:
 @pytest.mark.parametrize(
     ("rdma_sys", "listed", "verdict", "words"),
     [
-        ("mlx5_0 1 InfiniBand ib0,\n", nic("mlx5_0"), Verdict.warned, ["mlx5_0 port 1 exists (InfiniBand)",
+        ([sysfs_port("mlx5_0", "InfiniBand", "ib0")], nic("mlx5_0"), Verdict.warned, ["mlx5_0 port 1 exists (InfiniBand)",
                                                                         "state could not be read"]),
-        ("mlx5_0 1 Ethernet ens1f0,\n", nic("mlx5_0"), Verdict.failed, ["link layer Ethernet"]),
-        ("mlx5_0 1 InfiniBand ib0,\n", nic("mlx5_2"), Verdict.failed, ["mlx5_2 not found (/sys/class/infiniband "
+        ([sysfs_port("mlx5_0", "Ethernet", "ens1f0")], nic("mlx5_0"), Verdict.failed, ["link layer Ethernet"]),
+        ([sysfs_port("mlx5_0", "InfiniBand", "ib0")], nic("mlx5_2"), Verdict.failed, ["mlx5_2 not found (/sys/class/infiniband "
                                                                         "lists mlx5_0)"]),
     ],
     ids=["state-unknown", "wrong-layer", "not-there"],
 )
-def test_tools_missing_falls_back_to_sysfs(rdma_sys: str, listed: dict[str, Any], verdict: Verdict,
+def test_tools_missing_falls_back_to_sysfs(rdma_sys: list[dict[str, Any]], listed: dict[str, Any], verdict: Verdict,
                                           words: list[str]) -> None:
-    # synthetic rdma_sys lines, in the probe's "DEVICE PORT LINK_LAYER netdevs," form
+    # synthetic /sys listings without a readable state (as the node reporter gives them)
     node_facts = facts("gpu03", ibstat=NOT_INSTALLED, ibv_devinfo=DEVINFO_NOT_INSTALLED, rdma_sys=rdma_sys)
     finding = one(run("ib.port", inventory({"name": "gpu03", "nics": [listed]}), node_facts))
     assert finding.verdict is verdict and finding.node == "gpu03"
     for word in words:
         assert word in finding.summary
-    assert finding.evidence[0].command == SECTIONS["rdma_sys"]
+    assert finding.evidence[0].command == RDMA_COMMAND
     if verdict is Verdict.warned:
         assert "infiniband-diags" in (finding.hint or "")
         assert "ibstat is not installed" in finding.summary
@@ -199,7 +203,7 @@ def test_nothing_readable_warns_per_tool_and_per_port() -> None:
 
 
 def test_unreadable_tools_and_empty_sysfs_fail_the_node() -> None:
-    node_facts = facts("gpu03", ibstat=("garbage\n", 0), ibv_devinfo=DEVINFO_NOT_INSTALLED, rdma_sys="")
+    node_facts = facts("gpu03", ibstat=("garbage\n", 0), ibv_devinfo=DEVINFO_NOT_INSTALLED, rdma_sys=[])
     findings = run("ib.port", inventory({"name": "gpu03", "nics": [nic("mlx5_0")]}), node_facts)
     assert [(f.verdict, f.subject) for f in findings] == [(Verdict.warned, "ibstat"), (Verdict.failed, "mlx5_0/1")]
     assert ("no tool output (ibv_devinfo is not installed, ibstat output is not understood) on gpu03 and "
@@ -209,7 +213,7 @@ def test_unreadable_tools_and_empty_sysfs_fail_the_node() -> None:
 def test_no_devices_at_all() -> None:
     # ibstat's real no-device panic; "No IB devices found" is ibv_devinfo's own line (exit code not recorded)
     node_facts = facts("gpu03", ibstat=(real("ibstat_ibpanic_no_devices_container.txt"), 255),
-                       ibv_devinfo=("No IB devices found\n", 255), rdma_sys="")
+                       ibv_devinfo=("No IB devices found\n", 255), rdma_sys=[])
     warned, failed = run("ib.port", inventory({"name": "gpu03", "nics": [nic("mlx5_0")]}), node_facts)
     assert (warned.verdict, warned.subject) == (Verdict.warned, "ibstat") and "ibpanic" in warned.summary
     assert (failed.verdict, failed.subject) == (Verdict.failed, "mlx5_0/1")

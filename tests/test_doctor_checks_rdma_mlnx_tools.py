@@ -1,7 +1,7 @@
 """What ``ibdev2netdev -v`` and ``show_gids`` add to ib.port and roce.gid, on recorded real outputs.
 
-Both are MLNX_OFED scripts a node may lack; their absence changes nothing. The ``rdma_sys`` lines are
-synthetic (the probe's own "DEVICE PORT LINK_LAYER netdevs," form), as in test_doctor_checks_rdma.py.
+Both are MLNX_OFED scripts a node may lack; their absence changes nothing. The /sys/class/infiniband
+listings (the node reporter's, without a readable state) are synthetic, as in test_doctor_checks_rdma.py.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reported import facts_section, sysfs_port
 
 import clusterrun.doctor.checks.rdma  # noqa: F401  (registers the checks)
-from clusterrun.doctor.facts import MISSING, NodeFacts, Section
+from clusterrun.doctor.facts import FACTS, MISSING, NodeFacts, Section
 from clusterrun.doctor.model import Finding, Verdict
 from clusterrun.doctor.probe import SECTIONS
 from clusterrun.doctor.registry import CHECKS, Context
@@ -28,10 +29,13 @@ def real(tool: str, name: str) -> str:
     return (REAL / tool / name).read_text()
 
 
-def facts(node: str, **sections: str | tuple[str, int]) -> NodeFacts:
+def facts(node: str, **sections: Any) -> NodeFacts:
     """A probed node; each section is its output (exit 0) or (output, exit code)."""
     built = {}
     for name, value in sections.items():
+        if name == "rdma_sys":  # the ports the node reporter lists from /sys/class/infiniband
+            built[FACTS] = facts_section(rdma=value)
+            continue
         output, rc = value if isinstance(value, tuple) else (value, 0)
         built[name] = Section(name, SECTIONS[name], rc, output)
     return NodeFacts(node, built)
@@ -55,13 +59,13 @@ MIXED = real("ibdev2netdev", "roce_and_ib_mixed.txt")  # the same host without -
 @pytest.mark.parametrize(
     ("listed", "rdma_sys", "verdict", "summary"),
     [
-        (nic("ens6", "mlx5_2"), "mlx5_2 1 Ethernet ens6,\n", Verdict.passed,
+        (nic("ens6", "mlx5_2"), [sysfs_port("mlx5_2", "Ethernet", "ens6")], Verdict.passed,
          "gpu03: mlx5_2 port 1 is ACTIVE (physical state not shown, Ethernet)"),
-        (nic("ib0", "mlx5_5", "infiniband"), "mlx5_5 1 InfiniBand ib0,\n", Verdict.passed,
+        (nic("ib0", "mlx5_5", "infiniband"), [sysfs_port("mlx5_5", "InfiniBand", "ib0")], Verdict.passed,
          "gpu03: mlx5_5 port 1 is ACTIVE (physical state not shown, InfiniBand)"),
-        (nic("ens4f0", "mlx5_0"), "mlx5_0 1 Ethernet ens4f0,\n", Verdict.failed, "gpu03: mlx5_0 port 1 is DOWN"),
+        (nic("ens4f0", "mlx5_0"), [sysfs_port("mlx5_0", "Ethernet", "ens4f0")], Verdict.failed, "gpu03: mlx5_0 port 1 is DOWN"),
         # the link layer still comes from /sys
-        (nic("ens6", "mlx5_2", "infiniband"), "mlx5_2 1 Ethernet ens6,\n", Verdict.failed,
+        (nic("ens6", "mlx5_2", "infiniband"), [sysfs_port("mlx5_2", "Ethernet", "ens6")], Verdict.failed,
          "gpu03: mlx5_2 port 1 has link layer Ethernet, but the inventory lists ens6 as infiniband (InfiniBand)"),
         # without /sys the layer is not known, and the port's state alone decides
         (nic("ens6", "mlx5_2"), None, Verdict.passed,
@@ -70,7 +74,7 @@ MIXED = real("ibdev2netdev", "roce_and_ib_mixed.txt")  # the same host without -
     ids=["roce-active", "ib-active", "roce-down", "wrong-layer", "no-sysfs"],
 )
 def test_port_state_from_ibdev2netdev_when_ibstat_and_ibv_devinfo_are_missing(
-        listed: dict[str, Any], rdma_sys: str | None, verdict: Verdict, summary: str) -> None:
+        listed: dict[str, Any], rdma_sys: list[dict[str, Any]] | None, verdict: Verdict, summary: str) -> None:
     sections: dict[str, Any] = {**TOOLS_MISSING, "ibdev2netdev": MIXED_V}
     if rdma_sys is not None:
         sections["rdma_sys"] = rdma_sys
@@ -84,7 +88,7 @@ def test_port_state_from_ibdev2netdev_when_ibstat_and_ibv_devinfo_are_missing(
 
 
 def test_down_roce_port_names_its_netdev_in_the_hint() -> None:
-    node_facts = facts("gpu03", **TOOLS_MISSING, ibdev2netdev=MIXED_V, rdma_sys="mlx5_0 1 Ethernet ens4f0,\n")
+    node_facts = facts("gpu03", **TOOLS_MISSING, ibdev2netdev=MIXED_V, rdma_sys=[sysfs_port("mlx5_0", "Ethernet", "ens4f0")])
     finding = run("ib.port", {"nics": [nic("ens4f0", "mlx5_0")]}, node_facts)[0]
 
     assert finding.verdict is Verdict.failed
@@ -95,7 +99,7 @@ def test_down_roce_port_names_its_netdev_in_the_hint() -> None:
 
 def test_without_v_a_down_roce_netdev_fails_the_port() -> None:
     # plain ibdev2netdev has no port state: the state stays unread, and the Down netdev is told on its own line
-    node_facts = facts("gpu03", **TOOLS_MISSING, ibdev2netdev=MIXED, rdma_sys="mlx5_0 1 Ethernet ens4f0,\n")
+    node_facts = facts("gpu03", **TOOLS_MISSING, ibdev2netdev=MIXED, rdma_sys=[sysfs_port("mlx5_0", "Ethernet", "ens4f0")])
     unread, down = run("ib.port", {"nics": [nic("ens4f0", "mlx5_0")]}, node_facts)
 
     assert (unread.verdict, unread.subject) == (Verdict.warned, "mlx5_0/1")
@@ -117,7 +121,7 @@ def test_without_v_a_down_roce_netdev_fails_the_port() -> None:
 def test_infiniband_ipoib_down_matters_only_with_an_address(ip: str | None, expected: list[str]) -> None:
     # the H100 host's ibdev2netdev (column -t, comments); its ports are InfiniBand with IPoIB Down
     listed = nic("ibp26s0", "mlx5_0", "infiniband", **({"ip": ip} if ip else {}))
-    node_facts = facts("gpu03", **TOOLS_MISSING, rdma_sys="mlx5_0 1 InfiniBand ibp26s0,\n",
+    node_facts = facts("gpu03", **TOOLS_MISSING, rdma_sys=[sysfs_port("mlx5_0", "InfiniBand", "ibp26s0")],
                        ibdev2netdev=real("ibdev2netdev", "h100_ib_and_eth_column_t_commented.txt"))
     _port, *extra = run("ib.port", {"nics": [listed]}, node_facts)
 
@@ -128,7 +132,7 @@ def test_infiniband_ipoib_down_matters_only_with_an_address(ip: str | None, expe
 @pytest.mark.parametrize(
     ("listed", "rdma_sys", "summary", "hint"),
     [
-        (nic("ens6f1", "mlx5_2"), "mlx5_2 1 Ethernet ens6,\n",
+        (nic("ens6f1", "mlx5_2"), [sysfs_port("mlx5_2", "Ethernet", "ens6")],
          "gpu03: mlx5_2 port 1 drives ens6, not ens6f1 as the inventory lists it (ens6f1 is on mlx5_6 port 1)",
          "set hca: mlx5_6 for ens6f1, or name the NIC ens6"),
         (nic("eth9", "mlx5_2"), None, "gpu03: mlx5_2 port 1 drives ens6, not eth9 as the inventory lists it",
@@ -136,7 +140,7 @@ def test_infiniband_ipoib_down_matters_only_with_an_address(ip: str | None, expe
     ],
     ids=["netdev-of-another-port", "unknown-netdev"],
 )
-def test_hca_netdev_pairing_is_checked_against_ibdev2netdev(listed: dict[str, Any], rdma_sys: str | None,
+def test_hca_netdev_pairing_is_checked_against_ibdev2netdev(listed: dict[str, Any], rdma_sys: list[dict[str, Any]] | None,
                                                           summary: str, hint: str) -> None:
     sections: dict[str, Any] = {**TOOLS_MISSING, "ibdev2netdev": MIXED_V}
     if rdma_sys is not None:
@@ -152,7 +156,7 @@ def test_hca_netdev_pairing_is_checked_against_ibdev2netdev(listed: dict[str, An
 
 def test_pairing_that_sysfs_confirms_is_not_questioned() -> None:
     # /sys lists ens6f1 among mlx5_2's netdevs (synthetic): /sys answers, ibdev2netdev is not asked
-    node_facts = facts("gpu03", **TOOLS_MISSING, ibdev2netdev=MIXED_V, rdma_sys="mlx5_2 1 Ethernet ens6,ens6f1,\n")
+    node_facts = facts("gpu03", **TOOLS_MISSING, ibdev2netdev=MIXED_V, rdma_sys=[sysfs_port("mlx5_2", "Ethernet", "ens6", "ens6f1")])
     findings = run("ib.port", {"nics": [nic("ens6f1", "mlx5_2")]}, node_facts)
 
     assert [(f.verdict, f.subject) for f in findings] == [(Verdict.passed, "mlx5_2/1"),

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from reported import facts_section
 
 from clusterrun.doctor.checks.net import Transfer, _judge_bandwidth
 from clusterrun.doctor.checks.paths import Endpoint, Network, networks
 from clusterrun.doctor.checks.ping import PingOutcome, _judge_pings
-from clusterrun.doctor.facts import MISSING, NodeFacts, Section
+from clusterrun.doctor.facts import FACTS, MISSING, NodeFacts
 from clusterrun.doctor.model import Evidence, Finding, Verdict
-from clusterrun.doctor.probe import SECTIONS
 from clusterrun.doctor.recommend import choose_network, recommend
 from clusterrun.doctor.registry import Context
 from clusterrun.facts.parsers import ping
@@ -61,8 +61,7 @@ def synthetic_ip(*nics: tuple[str, str]) -> str:
 def facts(node: str, ip_addr: str | tuple[str, int] | None = None) -> NodeFacts:
     sections = {}
     if ip_addr is not None:
-        output, rc = ip_addr if isinstance(ip_addr, tuple) else (ip_addr, 0)
-        sections["ip_addr"] = Section("ip_addr", SECTIONS["ip_addr"], rc, output)
+        sections[FACTS] = facts_section(ip=ip_addr)  # what the node reporter's `ip -j addr show` printed
     return NodeFacts(node, sections)
 
 

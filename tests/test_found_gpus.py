@@ -10,7 +10,7 @@ from clusterrun.inventory.yaml_source import parse_inventory_text
 from clusterrun.launch.ready import NodeReady
 from clusterrun.launch.replan import plan_with_facts
 from clusterrun.plan import JobSpec, LaunchPlan, build_plan
-from clusterrun.remote.ready import visible_gpus
+from clusterrun.remote.nodefacts import visible_gpus
 
 ONE_NODE = """
 version: 1

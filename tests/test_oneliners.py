@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import WORKER, reports, run_clusterrun, write_inventory
+from simjobs import WORKER, reports, run_clusterrun, the_run, write_inventory
 
 pytestmark = pytest.mark.cluster
 
@@ -162,3 +162,40 @@ def test_plan_probe_shows_the_gpus_up_will_use(sim_cluster: SimCluster, tmp_path
     plan = plan_json(tmp_path, "--probe", "--ips", sim_cluster.nodes[0].mgmt_ip, "--ssh-config", str(cfg),
                      "--python", str(python))
     assert [(n["nproc_per_node"], n["gpus"]) for n in plan["nodes"]] == [(4, [0, 1, 2, 3])]
+
+
+def test_init_lists_the_gpus_up_counts(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    python = python_with_gpus(tmp_path)
+    cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
+    done = run_clusterrun("init", "--ips", sim_cluster.nodes[0].mgmt_ip, "--ssh-config", str(cfg), "--python",
+                          str(python), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "    gpus: [0, 1, 2, 3]   # NVIDIA H200-141C\n" in done.stdout  # the recorded 4 x H200
+
+
+def test_doctor_and_up_report_the_same_nics_of_a_one_liner(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """`up --ips` and `doctor --ips` on the same nodes give each node the same NICs: one reporter, one reading."""
+    cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
+    nodes = sim_cluster.nodes[:2]
+    ips = ",".join(n.mgmt_ip for n in nodes)
+    (tmp_path / "x.py").write_text("")
+    up = run_clusterrun("up", "--ips", ips, "--ssh-config", str(cfg), "--python", sys.executable,
+                        "--nproc-per-node", "1", "x.py", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    probed = json.loads((the_run(tmp_path) / "plan.json").read_text())["probed"]
+    # "198.18.5.10: eth1 198.19.5.10/24 (probed: not in the inventory)"
+    up_nics = {(node.rstrip(":"), nic, ip) for node, nic, ip, *_ in (line.split(" ") for line in probed
+                                                                      if line.endswith("(probed: not in the inventory)"))}
+    doctor = run_clusterrun("doctor", "--ips", ips, "--ssh-config", str(cfg), "--python", sys.executable, "--json",
+                            "--checks", "nic.present", cwd=tmp_path, timeout=180)
+    assert doctor.returncode == 0, doctor.stderr
+    present = next(c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "nic.present")["findings"]
+    assert all(f["verdict"] == "pass" for f in present), present
+    doctor_nics = {(f["node"], f["subject"], tuple(f["data"]["addresses"])) for f in present}
+
+    assert {(node, nic) for node, nic, _ in up_nics} == {(node, nic) for node, nic, _ in doctor_nics}
+    assert all(any(ip.split("/")[0] in addresses for n, nic_, addresses in doctor_nics if (n, nic_) == (node, nic))
+               for node, nic, ip in up_nics)
+    for node in nodes:  # both networks of every node, as the node has them
+        assert {(node.mgmt_ip, node.mgmt_nic, f"{node.mgmt_ip}/24"),
+                (node.mgmt_ip, node.data_nic, f"{node.data_ip}/24")} <= up_nics

@@ -34,7 +34,7 @@ def init(output: Path | None, force: bool, **sources: Any) -> int:
     inv = load_nodes(None, **sources)
     from clusterrun.inventory.yaml_source import parse_inventory_text
     from clusterrun.launch.replan import gather
-    from clusterrun.ops.init import complete, probe_gpus, render
+    from clusterrun.ops.init import complete, found_gpus, render
     from clusterrun.plan import JobSpec, build_plan
     from clusterrun.transport.factory import open_node_transports
 
@@ -43,11 +43,11 @@ def init(output: Path | None, force: bool, **sources: Any) -> int:
     transports = open_node_transports(inv)
     try:
         ready = gather(plan, transports)
-        gpus = probe_gpus(inv, transports)
     finally:
         for transport in transports.values():
             transport.close()
     completed, ssh = complete(inv, ready)
+    gpus = found_gpus(ready)
     text = render(completed, gpus, ssh, "clusterrun " + " ".join(sys.argv[1:]))
     parse_inventory_text(text, str(output or "<init>"))  # what is written must load: a failure here is a bug
     if output is None:

@@ -3,19 +3,28 @@
 Doctor gathers facts with one shell command per node (see :mod:`clusterrun.doctor.probe`);
 each tool's output lands in a :class:`Section`. Checks parse sections with the pure
 parsers of :mod:`clusterrun.facts.parsers`, so every check can be tested on recorded
-real output by building :class:`NodeFacts` by hand.
+real output by building :class:`NodeFacts` by hand. The node's NICs, RDMA ports and GPU count
+come from the section ``facts``: the node reporter that ``up``, ``plan --probe`` and ``init`` run too,
+read through the same parser (:attr:`NodeFacts.report`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from clusterrun.doctor.model import Evidence
+from clusterrun.errors import ParseError
+from clusterrun.facts.node import IP_COMMAND, RDMA_SOURCE, NodeReport, parse_output
 
 #: Exit code a section gets when its tool is not installed on the node (as a shell says it).
 MISSING = 127
+#: The section that holds the node reporter's output.
+FACTS = "facts"
+#: What the reporter's RDMA listing is shown as in the evidence.
+RDMA_COMMAND = f"{RDMA_SOURCE}/*/ports/*"
 
 
 @dataclass(frozen=True)
@@ -61,3 +70,43 @@ class NodeFacts:
         """The section's output when its command succeeded, else None."""
         s = self.sections.get(name)
         return s.output if s is not None and s.ok else None
+
+    @cached_property
+    def _read_report(self) -> tuple[NodeReport | None, str]:
+        section = self.sections.get(FACTS)
+        if section is None:
+            return None, "the node's facts were not gathered"
+        if section.missing:
+            return None, ("no python on the node to read them with (neither the inventory's python nor python3 "
+                          "is there)")
+        if not section.ok:
+            last = section.output.strip().splitlines()[-1:] or ["no output"]
+            return None, f"the node's facts reporter failed (exit {section.exit_code}): {last[0][:200]}"
+        try:
+            return parse_output(self.node, section.output), ""
+        except ParseError as exc:
+            return None, str(exc)
+
+    @property
+    def report(self) -> NodeReport | None:
+        """The node reporter's record (NICs, RDMA ports, GPUs): None when it did not run or said nothing usable
+        (:attr:`report_problem` says why)."""
+        return self._read_report[0]
+
+    @property
+    def report_problem(self) -> str:
+        """Why :attr:`report` is None ("" when it is not)."""
+        return self._read_report[1]
+
+    def ip_section(self) -> Section | None:
+        """What the reporter's ``ip -j addr show`` printed, as a section of its own (for evidence)."""
+        report = self.report
+        if report is None:
+            return self.sections.get(FACTS)
+        error = "" if report.ip_ran else str(report.ip_error or "")
+        return Section("ip_addr", IP_COMMAND, 0 if report.ip_ran else 1, report.ip_output or error)
+
+    def rdma_section(self) -> Section | None:
+        """The reporter's listing of the RDMA ports, one line each, as a section of its own (for evidence)."""
+        report = self.report
+        return None if report is None else Section("rdma_sys", RDMA_COMMAND, 0, report.rdma_listing())

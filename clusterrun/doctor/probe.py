@@ -4,7 +4,8 @@ The script runs each tool with a time limit and prints its output between marker
 SSH command returns everything the node checks need. A tool that is not installed ends
 with exit code 127 (see :data:`clusterrun.doctor.facts.MISSING`), which checks turn into
 "skip: ... not installed" or a failure where the inventory says the tool must be there.
-The inventory python reports itself and torch as JSON (section ``python``).
+The inventory python reports itself and torch as JSON (section ``python``); the node's NICs, RDMA
+ports and GPU count come from the node reporter (section ``facts``, see :func:`facts_command`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Mapping
 
 from clusterrun import remote
-from clusterrun.doctor.facts import MISSING, NodeFacts, Section
+from clusterrun.doctor.facts import FACTS, MISSING, NodeFacts, Section
 from clusterrun.errors import ClusterrunError
 from clusterrun.facts.parsers import nvidia_smi
 from clusterrun.transport.base import Transport, shell_command, shell_path
@@ -34,17 +35,11 @@ SECTIONS: dict[str, str] = {
     "uname": "uname -srm",
     "os_release": "cat /etc/os-release",
     "hostname": "hostname",
-    "ip_addr": "ip -j addr show",
-    "net_speed": "for f in /sys/class/net/*; do printf '%s %s\\n' \"${f##*/}\" \"$(cat \"$f/speed\" 2>/dev/null)\"; done",
     "nvidia_smi": "nvidia-smi --query-gpu=" + ",".join(GPU_QUERY_FIELDS) + " --format=csv,noheader,nounits",
     "nvidia_apps": " ".join(nvidia_smi.APPS_QUERY),
     "nvidia_topo": "nvidia-smi topo -m",
     "ibstat": "ibstat",
     "ibv_devinfo": "ibv_devinfo -v",
-    "rdma_sys": ("for p in /sys/class/infiniband/*/ports/*; do [ -e \"$p\" ] || continue; "
-                 "d=${p%/ports/*}; d=${d##*/}; n=${p##*/}; "
-                 "printf '%s %s %s %s\\n' \"$d\" \"$n\" \"$(cat \"$p/link_layer\" 2>/dev/null)\" "
-                 "\"$(ls /sys/class/infiniband/$d/device/net 2>/dev/null | tr '\\n' ',')\"; done"),
     # MLNX_OFED's scripts: which netdev each RDMA port drives (-v adds the port's state) and each GID's netdev.
     "ibdev2netdev": "ibdev2netdev -v",
     "show_gids": "show_gids",
@@ -69,12 +64,28 @@ def path_prefix(path: tuple[str, ...]) -> str:
     return f"PATH={shlex.quote(':'.join(path))}:\"$PATH\"; export PATH; " if path else ""
 
 
+#: How the sections that run a python program are shown (the program travels inline).
+PROGRAM_COMMANDS = {FACTS: "python -c <nodefacts.py>", "python": "python -c <report>"}
+
+
+def facts_command(python: str) -> str:
+    """The node reporter (the one ``up``, ``plan --probe`` and ``init`` run) under the inventory's python, or
+    under python3 where that is missing (it needs the standard library only): a node whose python is wrong
+    still has its NICs checked. Exit 127 (not installed) where neither exists."""
+    py = shell_path(python)
+    return (f"if command -v {py} >/dev/null 2>&1 || [ -x {py} ]; then P={py}; "
+            "elif command -v python3 >/dev/null 2>&1; then P=python3; "
+            f"else echo 'python: not installed'; exit {MISSING}; fi; "
+            f"\"$P\" -c {shlex.quote(remote.source('nodefacts'))}")
+
+
 def probe_script(python: str, sections: Mapping[str, str] = SECTIONS, path: tuple[str, ...] = ()) -> str:
     """The shell script that prints every section between markers (each tool under ``timeout``)."""
     lines = [path_prefix(path) + "export LC_ALL=C",
              f"if command -v timeout >/dev/null 2>&1; then T='timeout {TOOL_TIMEOUT}'; else T=''; fi",
              "echo \"@@clusterrun-probe-clock $(date +%s.%N)\""]
-    for name, command in {**sections, "python": shell_command(remote.argv(python, "pyreport"))}.items():
+    programs = {FACTS: facts_command(python), "python": shell_command(remote.argv(python, "pyreport"))}
+    for name, command in {**sections, **programs}.items():
         # The sections' commands are ours; the python path is the user's and is only ever a quoted word.
         first, label = (shell_path(python), python) if name == "python" else (command.split()[0],) * 2
         # A missing tool reads as 127 whatever the shell says; builtins and loops run as they are.
@@ -87,7 +98,7 @@ def probe_script(python: str, sections: Mapping[str, str] = SECTIONS, path: tupl
 
 
 def parse_probe(node: str, text: str, sections: Mapping[str, str] = SECTIONS) -> dict[str, Section]:
-    commands = {**sections, "python": "python -c <report>"}
+    commands = {**sections, **PROGRAM_COMMANDS}
     out: dict[str, Section] = {}
     for m in _SECTION.finditer(text):
         name, body, rc = m.group(1), m.group(2), int(m.group(3))

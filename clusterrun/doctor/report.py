@@ -74,7 +74,9 @@ class Report:
             node_dir.mkdir(parents=True, exist_ok=True)
             if facts.error:
                 (node_dir / "error.txt").write_text(facts.error + "\n", encoding="utf-8")
-            for section in facts.sections.values():
+            # The reporter's `ip -j addr` and RDMA listing also get files of their own, readable without its JSON.
+            derived = [s for s in (facts.ip_section(), facts.rdma_section()) if s and s.name not in facts.sections]
+            for section in (*facts.sections.values(), *derived):
                 (node_dir / f"{section.name}.txt").write_text(
                     f"$ {section.command}\n# exit {section.exit_code}\n{section.output}\n", encoding="utf-8")
         (directory / "report.json").write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n",

@@ -26,34 +26,31 @@ def probe_all(inv: Inventory, transports: dict[str, Transport], path: tuple[str,
 
 
 def with_probed_nics(inv: Inventory, facts: dict[str, NodeFacts]) -> Inventory:
-    """Nodes that list no NICs (one-liners) get the ones their probe saw, so the network checks have networks."""
+    """Nodes that list no NICs (one-liners) get the ones their probe saw, as ``up`` would give them (the same
+    report, read the same way: RDMA ports with their state), so the network checks have networks."""
     from clusterrun.errors import ParseError
-    from clusterrun.facts.nics import NetFacts, RdmaPort, reconcile
-    from clusterrun.facts.parsers import ip
+    from clusterrun.facts.nics import NetFacts, reconcile
 
     found: dict[str, NetFacts] = {}
     for node in inv.nodes:
         f = facts.get(node.name)
-        text = f.output("ip_addr") if f is not None and not node.nics else None
-        if not text:
+        report = f.report if f is not None and not node.nics else None
+        if report is None:
             continue
         try:
-            interfaces = ip.parse(text)
+            found[node.name] = report.net()
         except ParseError:
             continue
-        speeds = {}
-        for line in (f.output("net_speed") or "").splitlines():
-            name, _, value = line.partition(" ")
-            if value.strip().lstrip("-").isdigit():
-                speeds[name] = int(value)
-        rdma = []
-        for line in (f.output("rdma_sys") or "").splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[1].isdigit():
-                netdevs = tuple(d for d in (parts[3] if len(parts) > 3 else "").split(",") if d)
-                rdma.append(RdmaPort(parts[0], int(parts[1]), "", parts[2], netdevs))  # state unknown: not RDMA here
-        found[node.name] = NetFacts(node.name, interfaces, speeds, tuple(rdma))
     return reconcile(inv, found).inventory if found else inv
+
+
+def with_probed_gpus(inv: Inventory, facts: dict[str, NodeFacts]) -> Inventory:
+    """Nodes nobody listed GPUs for (one-liners without --gpus) get every GPU their reporter counted, as ``up``
+    gives them a process each, so the GPU checks look at the GPUs a run would use."""
+    from clusterrun.facts.node import complete_gpus
+
+    counts = {name: f.report.gpus for name, f in facts.items() if f.report is not None}
+    return complete_gpus(inv, counts, nproc_given=False)[0]
 
 
 def run_check(check: Check, ctx: Context) -> list[Finding]:
@@ -79,7 +76,7 @@ def run_doctor(inv: Inventory, checks: list[Check], options: Options, report_dir
     try:
         progress(f"probing {len(inv.nodes)} node(s)")
         report.facts = probe_all(inv, dict(transports), options.path)
-        inv = with_probed_nics(inv, report.facts)
+        inv = with_probed_gpus(with_probed_nics(inv, report.facts), report.facts)
         ctx = Context(inv, report.facts, options, transports, report_dir, progress)
         for check in sorted(checks, key=lambda c: c.active):  # facts-only checks first: they take no time
             if check.active:

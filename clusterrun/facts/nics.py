@@ -1,8 +1,8 @@
 """What a node's network really is, and how it completes or contradicts the inventory.
 
-Preflight gathers, in its one command per node, the output of ``ip -j addr``, each interface's
-speed (``/sys/class/net/*/speed``, Mbit/s) and the RDMA ports (``/sys/class/infiniband``: state,
-link layer, netdevs). :func:`reconcile` is pure: where a node's inventory entry lists no NICs, it
+The node's reporter (``remote/nodefacts.py``, parsed by :mod:`clusterrun.facts.node`) gives the output
+of ``ip -j addr``, each interface's speed (``/sys/class/net/*/speed``, Mbit/s) and the RDMA ports
+(``/sys/class/infiniband``: state, link layer, netdevs). :func:`reconcile` is pure: where a node's inventory entry lists no NICs, it
 fills them in from these facts (so ``network.data: auto`` can choose by evidence); where it lists
 NICs, it checks them (the NIC exists and is up, has the listed address, its RDMA port is ACTIVE)
 and completes what is missing (prefix, speed). Values that came from probing are named in
@@ -13,51 +13,24 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from clusterrun.errors import ParseError
+from clusterrun.facts.node import NetFacts, RdmaPort, parse_report
 from clusterrun.facts.parsers import ip
 from clusterrun.inventory.models import Inventory, Nic, NicKind, Node
+
+__all__ = ["VIRTUAL_PREFIXES", "NetFacts", "RdmaPort", "Reconciled", "parse_net_facts", "probed_nics", "reconcile"]
 
 #: Interfaces of containers, bridges and tunnels: never a node's NIC to the cluster.
 VIRTUAL_PREFIXES = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "tun", "tap", "vnet", "kube")
 
 
-@dataclass(frozen=True)
-class RdmaPort:
-    hca: str
-    port: int
-    state: str  # "4: ACTIVE"
-    link_layer: str  # "InfiniBand" or "Ethernet"
-    netdevs: tuple[str, ...]
-
-    @property
-    def active(self) -> bool:
-        return self.state.upper().endswith("ACTIVE")
-
-
-@dataclass(frozen=True)
-class NetFacts:
-    node: str
-    interfaces: ip.Interfaces
-    speeds: Mapping[str, int] = field(default_factory=dict)  # Mbit/s; absent or <= 0 when unknown
-    rdma: tuple[RdmaPort, ...] = ()
-
-    def rdma_of(self, netdev: str) -> RdmaPort | None:
-        return next((p for p in self.rdma if netdev in p.netdevs), None)
-
-    def port(self, hca: str, number: int) -> RdmaPort | None:
-        return next((p for p in self.rdma if p.hca == hca and p.port == number), None)
-
-
 def parse_net_facts(node: str, raw: Mapping[str, Any]) -> NetFacts:
-    """Raises :class:`ParseError` when ``ip -j addr`` did not run or printed something else."""
-    if raw.get("ip_error") or not raw.get("ip"):
-        raise ParseError("ip -j", raw.get("ip_error") or "no output (is iproute2 installed?)")
-    rdma = tuple(RdmaPort(str(p["hca"]), int(p["port"]), str(p.get("state", "")), str(p.get("link_layer", "")),
-                          tuple(p.get("netdevs") or ())) for p in raw.get("rdma", ()))
-    return NetFacts(node, ip.parse(raw["ip"]), dict(raw.get("speeds") or {}), rdma)
+    """The network part of the reporter's ``net`` (see :func:`clusterrun.facts.node.parse_report`).
+
+    Raises :class:`~clusterrun.errors.ParseError` when ``ip -j addr`` did not run or printed something else."""
+    return parse_report(node, {"net": raw}).net()
 
 
 def _ipv4(iface: ip.Interface) -> ip.Address | None:

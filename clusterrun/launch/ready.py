@@ -18,11 +18,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from clusterrun.agents.link import AgentLink, open_link
 from clusterrun.agents.spec import check_spec
 from clusterrun.errors import ClusterrunError, NodeNotReady, NoTorch, PythonNotFound, StartError
+from clusterrun.facts.node import ProbedNode
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import protocol, session
@@ -42,15 +42,11 @@ class StagedFile:
 
 
 @dataclass
-class NodeReady:
-    node: str
-    python_version: str = ""
-    torch_version: str = ""
+class NodeReady(ProbedNode):
+    """A node that passed the ready check: its facts, what was staged there, and its agent waiting for `go`."""
+
     copied: list[str] = field(default_factory=list)
     stage: list[tuple[str, str, str]] = field(default_factory=list)  # (cache path, destination, kind)
-    net: dict[str, Any] | None = None  # the node's network facts, raw (see clusterrun.facts.nics)
-    ssh_address: str | None = None  # the address SSH reached the node at
-    gpus: int | None = None  # the NVIDIA GPUs a process there sees (None: not reported)
     link: AgentLink | None = field(default=None, repr=False, compare=False)  # the node's agent, waiting for `go`
 
 

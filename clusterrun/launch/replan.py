@@ -9,10 +9,10 @@ import json
 from collections.abc import Mapping, Sequence
 
 from clusterrun import remote
-from clusterrun.errors import ClusterrunError, ParseError, PlanError, StartError
-from clusterrun.facts.nics import NetFacts, parse_net_facts, reconcile
+from clusterrun.errors import ClusterrunError, PlanError, StartError
+from clusterrun.facts.nics import reconcile
+from clusterrun.facts.node import LINE, ProbedNode, complete_gpus, read_facts
 from clusterrun.inventory.models import Inventory
-from clusterrun.launch.ready import NodeReady
 from clusterrun.plan import LaunchPlan, NodePlan, build_plan
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import on_every_node
@@ -23,21 +23,20 @@ MISMATCH_HINT = ("the inventory and the nodes disagree: fix the inventory (or th
                  "<inventory> --checks nic` shows every NIC; no node was started")
 
 
-
-
-def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
-    """Only the network facts of every node, in parallel (``plan --probe``: nothing is created on the nodes).
+def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, ProbedNode]:
+    """Only the facts of every node, in parallel, from the node reporter (``plan --probe``, ``init``: nothing is
+    created on the nodes).
 
     Raises :class:`StartError` naming every node that could not be probed.
     """
-    def one(node: NodePlan) -> NodeReady:
-        res = transports[node.name].run(remote.argv(node.python, "ready", "facts"), timeout=60)
-        line = next((x for x in res.stdout.splitlines() if x.startswith("CLUSTERRUN-FACTS ")), None)
+    def one(node: NodePlan) -> ProbedNode:
+        res = transports[node.name].run(remote.argv(node.python, "nodefacts"), timeout=60)
+        line = next((x for x in res.stdout.splitlines() if x.startswith(LINE)), None)
         if line is None:
             raise ClusterrunError(f"probing with {node.python} failed (exit {res.exit_code}): {res.tail(2) or 'no output'}")
-        facts = json.loads(line.split(" ", 1)[1])
-        return NodeReady(node.name, net=facts.get("net"), ssh_address=transports[node.name].peer_address(),
-                         gpus=facts.get("gpus"))
+        facts = json.loads(line[len(LINE):])
+        return ProbedNode(node.name, net=facts.get("net"), ssh_address=transports[node.name].peer_address(),
+                          gpus=facts.get("gpus"), gpu_model=facts.get("gpu_model"))
 
     out, problems = on_every_node(plan.nodes, lambda n: n.name, one, "facts")
     if problems:
@@ -45,42 +44,13 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, N
     return out
 
 
-def read_facts(ready: Mapping[str, NodeReady]) -> tuple[dict[str, NetFacts], list[str], dict[str, str]]:
-    """The nodes' parsed network facts, a warning for each node whose NICs could not be read, and the
-    addresses SSH reached them at."""
-    facts: dict[str, NetFacts] = {}
-    unknown: list[str] = []
-    for name, r in ready.items():
-        if r.net is None:
-            continue
-        try:
-            facts[name] = parse_net_facts(name, r.net)
-        except ParseError as exc:  # no usable `ip` there: that node is planned from the inventory alone
-            unknown.append(f"{name}: its NICs could not be read ({exc}); planned from the inventory alone")
-    return facts, unknown, {name: r.ssh_address for name, r in ready.items() if r.ssh_address}
+def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, list[str]]:
+    """The inventory with every GPU each node sees where nobody listed its GPUs or set its process count (see
+    :func:`clusterrun.facts.node.complete_gpus`), and a line per node that was completed."""
+    return complete_gpus(inv, {name: r.gpus for name, r in ready.items()}, plan.job.nproc_per_node is not None)
 
 
-def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, list[str]]:
-    """Nodes whose GPUs nobody listed (a one-liner without --gpus, an inventory node without ``gpus``) and whose
-    process count nobody set get every GPU the node sees, one process each, as ``torchrun --nproc-per-node gpu``
-    does. Returns the inventory so completed and a line per node that was."""
-    if plan.job.nproc_per_node is not None or inv.defaults.nproc_per_node is not None:
-        return inv, []
-    nodes, found = [], []
-    for node in inv.nodes:
-        count = ready[node.name].gpus if node.name in ready else None
-        if node.gpus or node.nproc_per_node is not None or not count:
-            if count == 0 and "gpus" not in node.model_fields_set and node.nproc_per_node is None:
-                found.append(f"{node.name}: no GPU seen: one CPU process (--nproc-per-node for more)")
-            nodes.append(node)
-            continue
-        nodes.append(node.model_copy(update={"gpus": list(range(count))}))
-        found.append(f"{node.name}: {count} GPU(s) seen, one process each (gpus: 0-{count - 1})")
-    changed = any(a is not b for a, b in zip(nodes, inv.nodes, strict=True))
-    return (inv.model_copy(update={"nodes": nodes}) if changed else inv), found
-
-
-def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> tuple[Inventory, LaunchPlan]:
+def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, LaunchPlan]:
     """The inventory completed with the nodes' network facts (and the GPUs of nodes nobody listed them for, see
     :func:`with_found_gpus`), and the plan made from it. A single node's NICs are not looked at (its ranks talk
     over loopback). Raises :class:`StartError`

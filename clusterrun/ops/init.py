@@ -1,7 +1,7 @@
 """``clusterrun init``: write an inventory from what the nodes really have.
 
 The nodes come from ``--ips``/``--hostfile``/``--slurm``. Each is probed over its one SSH connection
-(NICs with addresses, speeds and RDMA ports, the same facts ``up`` gathers; GPUs from ``nvidia-smi``),
+(NICs with addresses, speeds and RDMA ports, and GPUs: the same report ``up`` gathers),
 the data network is chosen as ``up`` would choose it (the subnet every node shares, RDMA first, then
 the fastest, not the SSH network), and a commented YAML inventory is rendered. It is validated by
 loading it back before it is written.
@@ -12,20 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from clusterrun.errors import ClusterrunError, ParseError
 from clusterrun.facts.nics import reconcile
-from clusterrun.facts.parsers import nvidia_smi
+from clusterrun.facts.node import ProbedNode, read_facts
 from clusterrun.inventory.models import Inventory, Nic
 from clusterrun.network import resolve_data_network
-from clusterrun.transport.base import Transport
-from clusterrun.transport.fanout import fan_out
-
-if TYPE_CHECKING:
-    from clusterrun.launch.ready import NodeReady
-
-GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"]
 
 
 @dataclass(frozen=True)
@@ -34,25 +25,10 @@ class Gpus:
     model: str | None
 
 
-def probe_gpus(inv: Inventory, transports: Mapping[str, Transport]) -> dict[str, Gpus]:
-    """Each node's GPUs from nvidia-smi (none when it is missing or fails: a CPU node)."""
-
-    def one(name: str) -> Gpus:
-        try:
-            res = transports[name].run(GPU_QUERY, timeout=30)
-        except ClusterrunError:
-            return Gpus((), None)
-        if not res.ok:
-            return Gpus((), None)
-        try:
-            found = nvidia_smi.parse(res.stdout, ("index", "name", "memory.total"))
-        except ParseError:
-            return Gpus((), None)
-        return Gpus(tuple(g.index for g in found.gpus if g.index is not None),
-                    next((g.name for g in found.gpus if g.name), None))
-
-    got = fan_out(inv.nodes, lambda n: n.name, lambda n: one(n.name), label="init-gpus")
-    return {name: got.results.get(name, Gpus((), None)) for name in (n.name for n in inv.nodes)}
+def found_gpus(ready: Mapping[str, ProbedNode]) -> dict[str, Gpus]:
+    """Each node's GPUs as its reporter counted them (the count `up` uses: those a process there sees, so
+    CUDA_VISIBLE_DEVICES in the node's environment counts), with nvidia-smi's model name; none on a CPU node."""
+    return {name: Gpus(tuple(range(r.gpus or 0)), r.gpu_model if r.gpus else None) for name, r in ready.items()}
 
 
 def _rate(bits: int | None) -> str | None:
@@ -112,9 +88,7 @@ def render(inv: Inventory, gpus: Mapping[str, Gpus], ssh_addresses: Mapping[str,
     return "\n".join(lines) + "\n"
 
 
-def complete(inv: Inventory, ready: Mapping[str, NodeReady]) -> tuple[Inventory, dict[str, str]]:
-    """``inv`` with every node's probed NICs, and the addresses SSH reached (from :func:`replan.gather`)."""
-    from clusterrun.launch.replan import read_facts
-
+def complete(inv: Inventory, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, dict[str, str]]:
+    """``inv`` with every node's probed NICs, and the addresses SSH reached (from ``replan.gather``)."""
     facts, _unknown, ssh = read_facts(ready)
     return reconcile(inv, facts).inventory, ssh

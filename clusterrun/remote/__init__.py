@@ -16,7 +16,9 @@ pathwatch.py        the agent's data-path watch: UDP probes to its peers, answer
 stacks.py           the agent's stack dumps of its workers (py-spy, or the hook below)
 stackhook.py        a sitecustomize for the workers: faulthandler on a signal, for stacks without py-spy
 ready.py            the ready check before a launch: python, torch, run directory, master port, staged
-                    files, the node's NICs (``check``), or the NICs alone (``facts``)
+                    files, and the node's facts (below)
+nodefacts.py        the one reporter of a node's facts (NICs, RDMA ports, GPUs): for ``up``'s ready check,
+                    ``plan --probe``, ``init`` and doctor
 netprobe.py         doctor's network probes: listen, send, connect
 pyreport.py         doctor's report of the node's Python, torch, CUDA and NCCL (read from torch's files, not imported)
 allreduce_smoke.py  doctor's all-reduce, run under torchrun (needs torch)
@@ -37,7 +39,7 @@ from functools import lru_cache
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROGRAMS = ("agent", "ready", "netprobe", "pyreport", "allreduce_smoke")
+PROGRAMS = ("agent", "nodefacts", "netprobe", "pyreport", "allreduce_smoke")
 FILES = ("stackhook",)  # written on the nodes by the agent, from the text clusterrun sends it
 
 
@@ -56,8 +58,8 @@ def _packed(name: str) -> str:
 
 
 # What the agent imports, sent with it, in import order.
-AGENT_MODULES = ("protocol", "wire", "procs", "tailing", "pathwatch", "stacks", "flight", "ready", "session", "job",
-                 "collect", "execmode")
+AGENT_MODULES = ("protocol", "wire", "procs", "tailing", "pathwatch", "stacks", "flight", "nodefacts", "ready",
+                 "session", "job", "collect", "execmode")
 
 
 #: Where a node keeps the agent's compiled code, by the code's hash and the interpreter's cache tag (relative

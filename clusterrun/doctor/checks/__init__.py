@@ -3,7 +3,7 @@
 import importlib
 
 #: Check modules in report order: facts of one node, then across nodes, then traffic between them.
-MODULES = ("node", "nics", "gpu", "rdma", "limits", "ping", "net", "ib_bw", "cluster")
+MODULES = ("node", "nics", "gpu", "rdma", "roce_gid", "peermem", "limits", "ping", "net", "ib_bw", "cluster")
 
 for _module in MODULES:
     importlib.import_module(f"{__name__}.{_module}")

@@ -9,20 +9,15 @@ from collections.abc import Iterator
 
 from clusterrun.doctor.model import Finding, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
-from clusterrun.errors import ParseError
 from clusterrun.facts.nics import VIRTUAL_PREFIXES
 from clusterrun.facts.parsers import ip
 
 
 def interfaces(ctx: Context, node: str) -> ip.Interfaces | None:
-    """The node's parsed ``ip -j addr``, or None when it is missing (reported by ``nic.present``)."""
-    text = ctx.facts[node].output("ip_addr")
-    if not text:
-        return None
-    try:
-        return ip.parse(text)
-    except ParseError:
-        return None
+    """The node's interfaces as its reporter gave them, or None when they are unknown (reported by
+    ``nic.present``)."""
+    report = ctx.facts[node].report
+    return report.interfaces if report is not None else None
 
 
 def _state(iface: ip.Interface) -> str:
@@ -32,17 +27,22 @@ def _state(iface: ip.Interface) -> str:
 @check("nic.present", "inventory NICs exist, are up and have their address", Scope.node)
 def nics_present(ctx: Context) -> Iterator[Finding]:
     for node in ctx.reachable():
-        section = ctx.facts[node.name].section("ip_addr")
+        facts = ctx.facts[node.name]
+        section = facts.ip_section()
         evidence = (section.evidence(node.name),) if section else ()
         if not node.nics:
             yield Finding("nic.present", Verdict.skipped, f"{node.name}: no NICs listed in the inventory",
                           node=node.name)
             continue
-        text = ctx.facts[node.name].output("ip_addr")
-        try:
-            ifaces = ip.parse(text) if text else None
-        except ParseError as exc:
-            yield Finding("nic.present", Verdict.warned, f"{node.name}: cannot read `ip -j addr`: {exc}",
+        report = facts.report
+        if report is None:
+            yield Finding("nic.present", Verdict.warned, f"{node.name}: NICs not checked: {facts.report_problem}",
+                          node=node.name, evidence=evidence, hint="set `python` in the inventory to an interpreter "
+                          "the node has (clusterrun reads a node's NICs with it), or install python3 there")
+            continue
+        ifaces = report.interfaces
+        if ifaces is None and report.ip_ran:
+            yield Finding("nic.present", Verdict.warned, f"{node.name}: cannot read `ip -j addr`: {report.ip_error}",
                           node=node.name, evidence=evidence)
             continue
         if ifaces is None:

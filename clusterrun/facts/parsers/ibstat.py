@@ -294,6 +294,22 @@ def _ca(fields: dict[str, str], ports: list[Port], open_port: _PortBuilder | Non
     )
 
 
+def sysfs_state(text: str) -> PortState | None:
+    """The port state as the kernel writes it in ``/sys/class/infiniband/*/ports/*/state`` (``4: ACTIVE``)."""
+    return _lookup(re.sub(r"^\d+:\s*", "", text), _STATES)
+
+
+def sysfs_phys_state(text: str) -> PhysState | None:
+    """The physical state of ``.../ports/*/phys_state`` (``5: LinkUp``, ``2: Polling``)."""
+    return _lookup(re.sub(r"^\d+:\s*", "", text), _PHYS)
+
+
+def sysfs_rate(text: str) -> float | None:
+    """Gb/s from ``.../ports/*/rate`` (``100 Gb/sec (2X HDR)``)."""
+    match = re.match(r"^(\d+(?:\.\d+)?) Gb/sec", text.strip())
+    return float(match.group(1)) if match else None
+
+
 def _lookup(value: str | None, table: dict[str, _E]) -> _E | None:
     """Map a tool's state word (``Active``, ``PORT_ACTIVE (4)``, ``LINK_UP (5)``) through ``table``."""
     word = _word(value)
