@@ -33,6 +33,7 @@ from clusterrun.inventory.types import (
     _check_text,
     brief_repr,
     control_character_problem,
+    format_path,
 )
 
 Path = tuple[str | int, ...]
@@ -267,7 +268,7 @@ class Inventory(_Model):
             raise PydanticCustomError(
                 "inventory_rules",
                 "{summary}",
-                {"summary": "; ".join(f"{_fmt_path(p)}: {m}" for p, m in problems), "problems": problems},
+                {"summary": "; ".join(f"{format_path(p)}: {m}" for p, m in problems), "problems": problems},
             )
         return self
 
@@ -293,21 +294,6 @@ class Inventory(_Model):
 
     def ssh_of(self, node: Node) -> SshSettings:
         return node.ssh.merged_over(self.defaults.ssh)
-
-
-def _fmt_path(path: Path) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not str(part).isprintable() or len(str(part)) > 60:
-            out += f"[{brief_repr(part)}]"  # a key with control characters must not break the message's line
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "inventory"
-
-
-format_path = _fmt_path
 
 
 def inventory_problems(inv: Inventory) -> Iterator[tuple[Path, str]]:

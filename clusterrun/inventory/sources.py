@@ -23,9 +23,9 @@ from clusterrun.errors import UsageError
 from clusterrun.inventory.hostfile import parse_hostfile
 from clusterrun.inventory.hostlist import compress_hostlist, expand_hostlist
 from clusterrun.inventory.hostspec import normalize_host, parse_gpu_list, parse_ips
-from clusterrun.inventory.models import Inventory, format_path
+from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.textfile import read_text_file
-from clusterrun.inventory.types import brief_repr
+from clusterrun.inventory.types import brief_repr, format_path
 from clusterrun.inventory.yaml_source import load_inventory
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")

@@ -174,3 +174,16 @@ EnvValue = Annotated[str, BeforeValidator(_env_value, json_schema_input_type=str
                      AfterValidator(_check_env_text)]
 IpOrCidr = Annotated[str, BeforeValidator(_check_ip_or_cidr)]
 Cidr = Annotated[str, BeforeValidator(_check_cidr)]
+
+
+def format_path(path: tuple[str | int, ...]) -> str:
+    """Where in the inventory a value sits, as a user writes it: ``nodes[1].nics[0].ip``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not str(part).isprintable() or len(str(part)) > 60:
+            out += f"[{brief_repr(part)}]"  # a key with control characters must not break the message's line
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "inventory"

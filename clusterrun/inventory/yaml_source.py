@@ -24,9 +24,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from clusterrun.errors import InventoryError
-from clusterrun.inventory.models import Inventory, Path, format_path
+from clusterrun.inventory.models import Inventory, Path
 from clusterrun.inventory.textfile import MAX_FILE_BYTES, MAX_FILE_LABEL, read_text_file
-from clusterrun.inventory.types import brief_repr
+from clusterrun.inventory.types import brief_repr, format_path
 
 Position = tuple[int, int]  # 1-based line, column
 
