@@ -101,13 +101,6 @@ class RunDir:
     def read_json(self, name: str) -> dict[str, Any]:
         return json.loads((self.path / name).read_text(encoding="utf-8"))
 
-    def read_json_or_empty(self, name: str) -> dict[str, Any]:
-        try:
-            data = self.read_json(name)
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
     #: What stays at the top of a run directory across attempts; everything else is the latest attempt's.
     RUN_FILES = ("plan.json", "inventory.json", "status.json", "preflight.json")
 
