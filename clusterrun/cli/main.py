@@ -87,6 +87,24 @@ def _warnings_to_stderr() -> None:
         logger.addHandler(handler)
 
 
+def _exit_without_waiting(code: int) -> None:
+    """After Ctrl-C, end now even where threads still wait on a node (a connect to a host that drops every
+    packet lasts its whole connect_timeout): Python would join them before it exits. What the run had to record is
+    written by then; the nodes' agents stop the job when clusterrun's connections close."""
+    import contextlib
+    import logging
+    import os
+    import threading
+
+    if not any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return  # nothing to wait for: the usual exit
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; clusterrun's own errors become a message on stderr and their exit code."""
     from clusterrun.errors import ClusterrunError
@@ -101,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("clusterrun: aborted", err=True)
+        _exit_without_waiting(130)
         return 130
     except click.ClickException as exc:
         exc.show()

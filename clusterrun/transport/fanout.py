@@ -5,7 +5,8 @@ goes through :func:`fan_out`. A node's :class:`~clusterrun.errors.ClusterrunErro
 error, typed, not turned into a string; a node still busy at the deadline gets a
 :class:`~clusterrun.errors.CommandTimeout` and is not waited for (its thread is left to finish on
 its own: every transport call has its own timeout). Anything that is not a ClusterrunError is a
-bug and propagates.
+bug and propagates. Ctrl-C propagates at once too: nodes still connecting are not waited for (the CLI
+then exits without joining their threads, see ``clusterrun.cli.main``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def fan_out(nodes: Iterable[N], name: Callable[[N], str], fn: Callable[[N], T], 
         return out
     pool = ThreadPoolExecutor(max_workers=min(max_parallel, len(nodes)), thread_name_prefix=label)
     futures: dict[Future[T], str] = {}
+    interrupted = True  # until the loop ends by itself: Ctrl-C (or a bug) does not wait for nodes still busy
     try:
         futures = {pool.submit(fn, n): name(n) for n in nodes}
         end = None if deadline is None else time.monotonic() + deadline
@@ -71,8 +73,9 @@ def fan_out(nodes: Iterable[N], name: Callable[[N], str], fn: Callable[[N], T], 
                     out.errors[futures[future]] = CommandTimeout(futures[future],
                                                                  f"{label}: no answer within {deadline:g}s")
                 break
+        interrupted = False
     finally:
-        pool.shutdown(wait=deadline is None, cancel_futures=True)
+        pool.shutdown(wait=deadline is None and not interrupted, cancel_futures=True)
     # Keep the nodes' order, as callers print per node.
     order = [name(n) for n in nodes]
     out.results = {k: out.results[k] for k in order if k in out.results}

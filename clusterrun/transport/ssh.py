@@ -38,6 +38,7 @@ from clusterrun.transport.ssh_target import SshTarget, resolve_target
 
 _KEEPALIVE_S = 5
 _READ_TICK_S = 1.0
+_CLOSE_WAIT_S = 0.5  # close() waits this long for another thread's use of the lock, not for a whole connect
 # paramiko's words for a handshake that did not finish in time: no banner, or start_client's timeout
 # ran out (it then returns quietly and the next call finds "No existing session").
 _HANDSHAKE_STALLED = re.compile(r"banner|No existing session|Negotiation timed out", re.IGNORECASE)
@@ -139,6 +140,7 @@ class SshTransport(Transport):
         self._jump_clients: list[paramiko.SSHClient] = []
         self._proxies: list[ProxyCommand] = []
         self._lock = threading.Lock()
+        self._closes = 0  # close() calls made while a connect held the lock: that connect's result is dropped
 
     @property
     def target(self) -> SshTarget:
@@ -194,11 +196,15 @@ class SshTransport(Transport):
                 if transport is not None and transport.is_active():
                     return self._client
             self._close_locked()
+            closes = self._closes
             try:
                 self._client = self._open(self.target)
             except BaseException:
                 self._close_locked()  # the hops and ProxyCommands opened before the failure
                 raise
+            if self._closes != closes:  # closed while it connected: what it opened goes too
+                self._close_locked()
+                raise ConnectError(self.node, "the connection was closed while it was being opened")
             return self._client
 
     def _open(self, target: SshTarget) -> paramiko.SSHClient:
@@ -347,5 +353,13 @@ class SshTransport(Transport):
         return None
 
     def close(self) -> None:
-        with self._lock:
+        """Close the connection. A connect under way (to a host that drops every packet it lasts its whole
+        connect_timeout) is not waited for: it closes what it opened when it ends, and raises ConnectError."""
+        if not self._lock.acquire(timeout=_CLOSE_WAIT_S):
+            self._closes += 1
+            if not self._lock.acquire(blocking=False):  # still connecting: it sees the count and closes
+                return
+        try:
             self._close_locked()
+        finally:
+            self._lock.release()
