@@ -179,9 +179,8 @@ def test_jump_loops_in_ssh_config_are_errors(home: Path) -> None:
         target(config, "gpu1")
 
 
-@pytest.mark.parametrize("criterion", ["exec \"test -e /x\"", "localnetwork 10.0.0.0/8", "tagged x",
-                                       "!exec true", "host gpu* exec true", "nosuchthing x"])
-def test_unsupported_match_warns_once_with_file_and_line_and_does_not_apply(
+@pytest.mark.parametrize("criterion", ["localnetwork 10.0.0.0/8", "tagged x", "host gpu* localnetwork 10.0.0.0/8"])
+def test_newer_openssh_match_criteria_warn_once_with_file_and_line_and_do_not_apply(
         home: Path, caplog: pytest.LogCaptureFixture, criterion: str) -> None:
     config = write(home / "cfg", f"Host *\n    Port 2200\nMatch {criterion}\n    User wrong\n    Port 1\n")
     with caplog.at_level(logging.WARNING):
@@ -299,3 +298,83 @@ def test_resolution_agrees_with_ssh_dash_g(home: Path, host: str, user: str | No
     if ours and theirs and ours[0] == theirs[0] == "jump":  # ssh -G prints ssh:// URIs as user@host:port
         ours, theirs = ("jump", parse_jump_spec(ours[1])), ("jump", parse_jump_spec(theirs[1]))
     assert ours == theirs
+
+
+# ---------------------------------------------------------------- strict as OpenSSH: Match exec, Match all, keywords
+
+
+def test_match_exec_applies_when_its_command_succeeds_with_tokens_expanded(home: Path) -> None:
+    present, absent = home / "on-vpn", home / "off-vpn"
+    present.write_text("")
+    config = write(home / "cfg", f"Match exec \"test -e {absent}\"\n    User absent\n"
+                                 f"Match exec \"test -e {present}\"\n    Port 2201\n"
+                                 "Match exec \"test %h = gpu1\" !exec false\n    User viaexec\n"
+                                 "Match host gpu* exec true\n    ConnectTimeout 7\n")
+    t = target(config, "gpu1")
+    assert (t.port, t.user, t.connect_timeout) == (2201, "viaexec", 7.0)
+    t = target(config, "web1")
+    assert (t.port, t.user, t.connect_timeout) == (2201, "me", 10.0)
+    if shutil.which("ssh"):  # OpenSSH applies the same blocks
+        out = subprocess.run(["ssh", "-G", "-F", str(config), "gpu1"], capture_output=True, text=True, timeout=20,
+                             stdin=subprocess.DEVNULL, check=True).stdout.splitlines()
+        assert {"port 2201", "user viaexec", "connecttimeout 7"} <= set(out)
+
+
+def test_match_exec_is_not_run_after_an_earlier_criterion_failed(home: Path) -> None:
+    ran = home / "ran"
+    config = write(home / "cfg", f"Match host nomatch exec \"touch {ran}\"\n    Port 2201\n")
+    assert target(config, "gpu1").port == 22
+    assert not ran.exists()
+
+
+def test_match_exec_that_hangs_is_bounded(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterrun.transport import ssh_config
+
+    monkeypatch.setattr(ssh_config, "MATCH_EXEC_TIMEOUT", 0.5)
+    config = write(home / "cfg", "Host x\n    Port 2200\nMatch exec \"sleep 30\"\n    Port 1\n")
+    with pytest.raises(UsageError, match=r"cfg:3: `Match exec sleep 30` ran past 0.5s"):
+        target(config, "x")
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("Host x\n    HostNmae 10.0.0.5\n", r"cfg:2: unknown ssh_config keyword 'hostnmae'.*did you mean 'hostname'"),
+        ("Host other\n    HostNmae 10.0.0.5\n", r"cfg:2: unknown ssh_config keyword 'hostnmae'"),
+        ("Host x\n    UseKeychain yes\nIgnoreUnknown UseKeychain\n", r"cfg:2: unknown ssh_config keyword 'usekeychain'"),
+        ("Match all host x\n    User bob\n", r"cfg:1: 'all' cannot be combined with other Match criteria"),
+        ("Match nosuchthing x\n    User bob\n", r"cfg:1: unsupported Match criterion 'nosuchthing'"),
+        ("Match exec\n    User bob\n", r"cfg:1: `Match exec` needs an argument"),
+    ],
+)
+def test_what_openssh_refuses_is_refused_with_file_and_line(home: Path, text: str, error: str) -> None:
+    config = write(home / "cfg", text)
+    with pytest.raises(UsageError, match=error):
+        target(config, "x")
+    if shutil.which("ssh"):  # OpenSSH refuses the same file
+        done = subprocess.run(["ssh", "-G", "-F", str(config), "x"], capture_output=True, text=True, timeout=20,
+                              stdin=subprocess.DEVNULL, check=False)
+        assert done.returncode != 0, done.stdout
+
+
+def test_ignore_unknown_before_a_keyword_lets_it_pass(home: Path) -> None:
+    config = write(home / "cfg", "IgnoreUnknown UseKeychain,AddKeysTo*\nHost x\n    UseKeychain yes\n"
+                                 "    Port 2200\nMatch host x all\n    User bob\n")
+    t = target(config, "x")
+    assert (t.port, t.user) == (2200, "bob")  # and `all` after another criterion is accepted, as OpenSSH does
+
+
+def test_percent_c_names_a_key_per_connection_as_openssh_hashes_it(home: Path) -> None:
+    import hashlib
+    import os
+
+    config = write(home / "cfg", "Host x\n    HostName 10.1.2.3\n    User bob\n    Port 2222\n"
+                                 "    IdentityFile ~/.ssh/%C\n")
+    digest = hashlib.sha1(f"{os.uname().nodename}10.1.2.32222bob".encode()).hexdigest()
+    (home / ".ssh" / digest).write_text("")
+    assert target(config, "x").identity_files == (str(home / ".ssh" / digest),)
+    if shutil.which("ssh"):  # OpenSSH's own %C, from a ControlPath it expands in -G
+        write(home / "cfg", config.read_text() + "    ControlPath /tmp/%C\n")
+        out = subprocess.run(["ssh", "-G", "-F", str(config), "x"], capture_output=True, text=True, timeout=20,
+                             stdin=subprocess.DEVNULL, check=True).stdout
+        assert f"controlpath /tmp/{digest}" in out.splitlines()

@@ -38,8 +38,8 @@ from paramiko.pkey import UnknownKeyType
 
 from clusterrun.errors import HostKeyError
 from clusterrun.inventory.models import HostKeyPolicy
-from clusterrun.transport.ssh_config import matches_pattern_list, warn_once
 from clusterrun.transport.ssh_target import SshTarget
+from clusterrun.transport.ssh_words import matches_pattern_list, warn_once
 
 log = logging.getLogger(__name__)
 _write_lock = threading.Lock()

@@ -3,54 +3,50 @@
 ``~/.ssh/config`` (or the inventory's ``config_file``, which, like ``ssh -F``, replaces both files) is read
 first, then ``/etc/ssh/ssh_config``; for each keyword the first value that applies wins. ``Include`` is
 followed (relative names from ``~/.ssh``, or ``/etc/ssh`` in the system file; globs), ``Host`` and ``Match``
-blocks apply as in OpenSSH, and a ``Match`` criterion clusterrun cannot evaluate (``exec``,
-``localnetwork``, ...) makes its block not apply, with a warning naming the file and line. What the values
-mean for a connection is :mod:`clusterrun.transport.ssh_target`'s business.
+blocks apply as in OpenSSH: ``Match exec`` runs its command (tokens expanded, under the user's shell, bounded)
+and its block applies when the command succeeds; ``Match all`` followed by other criteria is refused, as
+OpenSSH refuses it. A keyword OpenSSH does not know is an error with its file and line, unless an earlier
+``IgnoreUnknown`` names it (OpenSSH stops there too: skipping it would connect where ``ssh`` would not). The
+criteria of newer OpenSSH releases (``localnetwork``, ``tagged``) make their block not apply, with a warning
+naming the file and line. What the values mean for a connection is
+:mod:`clusterrun.transport.ssh_target`'s business.
+
+Why not ``paramiko.SSHConfig``: it skips unknown keywords, does not follow ``Include``, evaluates ``Match exec``
+with no bound, knows no origins (every error here names the file and line), and applies ``Host`` blocks after
+``Match`` differently from OpenSSH's first-value-wins order in places; a wrong reading changes where clusterrun
+connects, so the reader is OpenSSH's rules, tested against ``ssh -G``.
 """
 
 from __future__ import annotations
 
-import functools
+import difflib
 import glob
 import logging
 import os
 import re
+import subprocess
 import threading
-from collections.abc import Mapping
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterrun.errors import UsageError
+from clusterrun.transport.ssh_keywords import KEYWORDS
+from clusterrun.transport.ssh_words import (
+    Origin,
+    expand_tokens,
+    local_user,
+    matches_pattern_list,
+    session_tokens,
+    split_words,
+    warn_once,
+)
 
 DEFAULT_CONFIG = "~/.ssh/config"
 SYSTEM_CONFIG = "/etc/ssh/ssh_config"
 _MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
 
 log = logging.getLogger(__name__)
-_said: set[str] = set()
-_said_lock = threading.Lock()
-
-
-def warn_once(logger: logging.Logger, message: str) -> None:
-    """Log ``message`` as a warning the first time it comes up in this process.
-
-    A run resolves every node through the same files, so the same finding would otherwise repeat per node.
-    """
-    with _said_lock:
-        if message in _said:
-            return
-        _said.add(message)
-    logger.warning(message)
-
-
-@dataclass(frozen=True)
-class Origin:
-    path: str
-    line: int
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}"
-
 
 @dataclass(frozen=True)
 class Proxy:
@@ -75,7 +71,7 @@ class HostConfig:
 
     def words(self, key: str) -> list[str]:
         found = self.values.get(key)
-        return _words(found[0], found[1]) if found else []
+        return split_words(found[0], found[1]) if found else []
 
     def origin(self, key: str) -> Origin | None:
         found = self.values.get(key)
@@ -88,60 +84,33 @@ _WHOLE_LINE = {"proxycommand", "localcommand", "remotecommand", "knownhostscomma
 # Keywords clusterrun reads (the others are skipped, as long as the line can be read).
 _USED = {"hostname", "port", "user", "identityfile", "proxycommand", "proxyjump", "userknownhostsfile",
          "globalknownhostsfile", "stricthostkeychecking", "connecttimeout", "hostkeyalias", "hashknownhosts"}
-_MATCH_SUPPORTED = {"all", "canonical", "final", "host", "originalhost", "user", "localuser"}
+_MATCH_SUPPORTED = {"all", "canonical", "final", "exec", "host", "originalhost", "user", "localuser"}
+_MATCH_NEWER = {"localnetwork", "tagged"}  # criteria of OpenSSH releases after 9.2 that clusterrun does not evaluate
 _MATCH_NO_ARGUMENT = {"all", "canonical", "final"}
+MATCH_EXEC_TIMEOUT = 30.0  # seconds a `Match exec` command may run (OpenSSH sets none; clusterrun never hangs)
+_EXEC_REUSE_S = 60.0  # one answer per expanded command for this long: 128 nodes do not run it 128 times at once
+_exec_results: dict[str, tuple[bool, float]] = {}
+_exec_lock = threading.Lock()
 
 
-def _words(text: str, origin: Origin) -> list[str]:
-    """Split an ssh_config argument list: whitespace-separated, '…' and "…" quote, a word starting with # ends it."""
-    words: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        if text[i].isspace():
-            i += 1
-            continue
-        if text[i] == "#":
-            break
-        word = []
-        while i < n and not text[i].isspace():
-            if text[i] in "\"'":
-                end = text.find(text[i], i + 1)
-                if end < 0:
-                    raise UsageError(f"{origin}: unterminated quote in ssh_config: {text.strip()}")
-                word.append(text[i + 1:end])
-                i = end + 1
-            else:
-                word.append(text[i])
-                i += 1
-        words.append("".join(word))
-    return words
-
-
-@functools.lru_cache(maxsize=4096)
-def _pattern(pattern: str) -> re.Pattern[str]:
-    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower()),
-                      re.DOTALL)
-
-
-def _pattern_matches(pattern: str, text: str) -> bool:
-    """OpenSSH's wildcard match: ``*`` and ``?`` only (``[`` is an ordinary character), case-insensitive."""
-    return _pattern(pattern).fullmatch(text.lower()) is not None
-
-
-def matches_pattern_list(patterns: list[str], text: str) -> bool:
-    """True when ``text`` matches one of ``patterns`` and none of the negated (``!``) ones."""
-    hit = False
-    for pattern in patterns:
-        if pattern.startswith("!"):
-            if _pattern_matches(pattern[1:], text):
-                return False
-        elif _pattern_matches(pattern, text):
-            hit = True
-    return hit
-
-
-def local_user() -> str:
-    return os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
+def _run_match_exec(command: str, origin: Origin) -> bool:
+    """Whether ``command`` (tokens already expanded) succeeds, run as OpenSSH runs it: ``$SHELL -c``."""
+    with _exec_lock:
+        known = _exec_results.get(command)
+        if known is not None and time.monotonic() - known[1] < _EXEC_REUSE_S:
+            return known[0]
+    shell = os.environ.get("SHELL") or "/bin/sh"
+    try:
+        done = subprocess.run([shell, "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, timeout=MATCH_EXEC_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"{origin}: `Match exec {command}` ran past {MATCH_EXEC_TIMEOUT:g}s; make the command "
+                         "answer quickly (ssh would wait for it forever)") from None
+    except OSError as exc:
+        raise UsageError(f"{origin}: cannot run `Match exec {command}` with {shell}: {exc}") from None
+    with _exec_lock:
+        _exec_results[command] = (done.returncode == 0, time.monotonic())
+    return done.returncode == 0
 
 
 @dataclass
@@ -155,19 +124,26 @@ class _Lookup:
     wants_final: bool = False
 
     def match(self, text: str, origin: Origin) -> bool:
-        words = _words(text, origin)
+        words = split_words(text, origin)
         if not words:
             raise UsageError(f"{origin}: Match needs a criterion (for example `Match host gpu*`)")
+        if words[0].lower() == "all" and len(words) > 1 and not words[1].startswith("#"):
+            raise UsageError(f"{origin}: 'all' cannot be combined with other Match criteria (OpenSSH refuses this "
+                             "file too); drop `all`, or give it a Match line of its own")
         result = True
         while words:
             word = words.pop(0)
             negate = word.startswith("!")
             criterion = word[1:].lower() if negate else word.lower()
-            if criterion not in _MATCH_SUPPORTED:
+            if criterion in _MATCH_NEWER:
                 warn_once(log, f"{origin}: `Match {criterion}` is not supported by clusterrun: this Match block is "
                                "treated as not matching and its settings are not used (set them under a Host "
                                "line or in the inventory's ssh settings)")
                 return False
+            if criterion not in _MATCH_SUPPORTED:
+                raise UsageError(f"{origin}: unsupported Match criterion {criterion!r} (OpenSSH refuses this file "
+                                 "too); the criteria are all, canonical, final, exec, host, originalhost, user, "
+                                 "localuser")
             if criterion in _MATCH_NO_ARGUMENT:
                 if criterion == "all":
                     passed = True
@@ -179,7 +155,14 @@ class _Lookup:
             else:
                 if not words:
                     raise UsageError(f"{origin}: `Match {criterion}` needs an argument")
-                patterns = words.pop(0).split(",")
+                argument = words.pop(0)
+                if criterion == "exec":
+                    # As OpenSSH: not run once an earlier criterion failed; run with the tokens known so far.
+                    passed = result and _run_match_exec(expand_tokens(argument, self.tokens(origin), origin), origin)
+                    if passed == negate:
+                        result = False
+                    continue
+                patterns = argument.split(",")
                 hostname = self.config.get("hostname")
                 subject = {
                     "host": expand_tokens(hostname, {"h": self.host}, origin) if hostname else self.host,
@@ -192,8 +175,32 @@ class _Lookup:
                 result = False  # keep reading: later criteria still get their checks and warnings
         return result
 
+    def tokens(self, origin: Origin) -> dict[str, str]:
+        """The tokens of a ``Match exec`` command: the host, port and user as read so far."""
+        hostname = self.config.get("hostname")
+        host = expand_tokens(hostname, {"h": self.host}, origin) if hostname else self.host
+        port = (self.config.words("port") or ["22"])[0]
+        user = self.user or (self.config.words("user") or [local_user()])[0]
+        return session_tokens(host, self.host, port, user, (self.config.words("hostkeyalias") or [None])[0])
+
+    def known(self, keyword: str, origin: Origin) -> bool:
+        """Whether to read a line of ``keyword``: an OpenSSH keyword, or one an earlier IgnoreUnknown names.
+        Raises UsageError for any other (OpenSSH: "Bad configuration option")."""
+        if keyword in KEYWORDS:
+            return True
+        ignored = [p for word in self.config.words("ignoreunknown") for p in word.split(",") if p]
+        if matches_pattern_list(ignored, keyword):
+            return False
+        near = difflib.get_close_matches(keyword, KEYWORDS, n=1, cutoff=0.75)
+        raise UsageError(f"{origin}: unknown ssh_config keyword {keyword!r} (OpenSSH refuses this file too: "
+                         f"\"Bad configuration option\"){f'; did you mean {near[0]!r}?' if near else '.'} An option of "
+                         "another SSH client (such as Apple's UseKeychain) can be named in an IgnoreUnknown line "
+                         "before it")
+
     def read(self, path: Path, *, system: bool, active: bool, never_match: bool, depth: int) -> None:
         for origin, keyword, rest, patterns in _config_lines(path):
+            if not self.known(keyword, origin):
+                continue
             if keyword == "host":
                 active = not never_match and matches_pattern_list(patterns, self.host)
             elif keyword == "match":
@@ -209,7 +216,7 @@ class _Lookup:
         if depth >= _MAX_INCLUDE_DEPTH:
             raise UsageError(f"{origin}: Include nested more than {_MAX_INCLUDE_DEPTH} deep (does a file include "
                              "itself?)")
-        for name in _words(rest, origin):
+        for name in split_words(rest, origin):
             name = os.path.expanduser(name)
             if not os.path.isabs(name):
                 name = os.path.join("/etc/ssh" if system else os.path.expanduser("~/.ssh"), name)
@@ -227,12 +234,12 @@ class _Lookup:
             return
         if keyword == "identityfile":
             listed = {name for name, _ in config.identity_files}  # as OpenSSH, each file once
-            config.identity_files += [(word, origin) for word in _words(value, origin) if word not in listed]
+            config.identity_files += [(word, origin) for word in split_words(value, origin) if word not in listed]
         elif keyword in ("proxycommand", "proxyjump"):
             # As OpenSSH: whichever of the two comes first wins, `none` included.
             if config.proxy is None:
                 if keyword == "proxyjump":
-                    words = _words(value, origin)
+                    words = split_words(value, origin)
                     value = words[0] if words else ""
                 config.proxy = Proxy("command" if keyword == "proxycommand" else "jump",
                                      None if value.lower() == "none" else value, origin)
@@ -274,7 +281,7 @@ def _config_lines(path: Path) -> list[_ConfigLine]:
         keyword, rest = parsed.group(1).lower(), parsed.group(2)
         patterns: list[str] = []
         if keyword == "host":
-            patterns = _words(rest, origin)
+            patterns = split_words(rest, origin)
             if not patterns:
                 raise UsageError(f"{origin}: Host needs at least one pattern")
         lines.append((origin, keyword, rest, patterns))
@@ -315,42 +322,3 @@ def lookup_config(host: str, files: list[tuple[Path, bool]], *, user: str | None
             final.read(path, system=system, active=True, never_match=False, depth=0)
         return final.config
     return state.config
-
-
-def expand_tokens(text: str, tokens: Mapping[str, str], origin: Origin | str) -> str:
-    """Replace ``%x`` by ``tokens[x]`` and ``%%`` by ``%``; an unknown token is an error, as in OpenSSH."""
-    out, i = [], 0
-    while i < len(text):
-        c = text[i]
-        if c == "%" and i + 1 < len(text):
-            key = text[i + 1]
-            if key == "%":
-                out.append("%")
-            elif key in tokens:
-                out.append(tokens[key])
-            else:
-                raise UsageError(f"{origin}: unknown token %{key} in {text!r} (supported here: "
-                                 f"{', '.join('%' + k for k in sorted(tokens))})")
-            i += 2
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-def expand_path(text: str, tokens: Mapping[str, str], origin: Origin | str) -> str:
-    """A file name from ssh_config: ``~``, ``${VAR}`` and ``%`` tokens expanded."""
-    def env(found: re.Match[str]) -> str:
-        name = found.group(1)
-        if name not in os.environ:
-            raise UsageError(f"{origin}: environment variable {name} in {text!r} is not set")
-        return os.environ[name]
-
-    return os.path.expanduser(expand_tokens(re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", env, text), tokens, origin))
-
-
-def parse_port(text: str, what: str, origin: Origin | str) -> int:
-    """``text`` as a TCP port; raises UsageError naming ``origin`` and ``what`` if it is not one."""
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise UsageError(f"{origin}: {what}: port {text!r} is not a number from 1 to 65535")
-    return int(text)

@@ -16,15 +16,8 @@ from pathlib import Path
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
 from clusterrun.transport.jump_spec import parse_jump_spec
-from clusterrun.transport.ssh_config import (
-    HostConfig,
-    config_files,
-    expand_path,
-    expand_tokens,
-    local_user,
-    lookup_config,
-    parse_port,
-)
+from clusterrun.transport.ssh_config import HostConfig, config_files, lookup_config
+from clusterrun.transport.ssh_words import expand_path, expand_tokens, local_user, parse_port, session_tokens
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
@@ -93,10 +86,8 @@ def _resolve(host: str, settings: SshSettings, files: list[tuple[Path, bool]], *
         port = parse_port(found.words("port")[0], "Port", found.origin("port") or host)
     port = port or 22
     user = user or (found.words("user") or [None])[0] or local_user()
-    # The tokens OpenSSH offers in ProxyCommand, ProxyJump and file names.
-    local_host = os.uname().nodename
-    tokens = {"h": hostname, "n": host, "p": str(port), "r": user, "u": local_user(), "d": os.path.expanduser("~"),
-              "i": str(os.getuid()), "L": local_host.split(".")[0], "l": local_host}
+    # The tokens OpenSSH offers in ProxyCommand, ProxyJump and file names (%C included: ~/.ssh/%C keys).
+    tokens = session_tokens(hostname, host, port, user, (found.words("hostkeyalias") or [None])[0])
     proxy_tokens = {k: tokens[k] for k in "hnpr"}
 
     if identity_file:

@@ -1,0 +1,140 @@
+"""The words of ssh_config as OpenSSH reads them: where a value came from, argument lists, Host patterns,
+``%`` tokens, file names and ports. Shared by the config reader, target resolution and known_hosts."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from clusterrun.errors import UsageError
+
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def warn_once(logger: logging.Logger, message: str) -> None:
+    """Log ``message`` as a warning the first time it comes up in this process.
+
+    A run resolves every node through the same files, so the same finding would otherwise repeat per node.
+    """
+    with _said_lock:
+        if message in _said:
+            return
+        _said.add(message)
+    logger.warning(message)
+
+
+@dataclass(frozen=True)
+class Origin:
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+def split_words(text: str, origin: Origin) -> list[str]:
+    """Split an ssh_config argument list: whitespace-separated, '…' and "…" quote, a word starting with # ends it."""
+    words: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text[i].isspace():
+            i += 1
+            continue
+        if text[i] == "#":
+            break
+        word = []
+        while i < n and not text[i].isspace():
+            if text[i] in "\"'":
+                end = text.find(text[i], i + 1)
+                if end < 0:
+                    raise UsageError(f"{origin}: unterminated quote in ssh_config: {text.strip()}")
+                word.append(text[i + 1:end])
+                i = end + 1
+            else:
+                word.append(text[i])
+                i += 1
+        words.append("".join(word))
+    return words
+
+
+@functools.lru_cache(maxsize=4096)
+def _pattern(pattern: str) -> re.Pattern[str]:
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower()),
+                      re.DOTALL)
+
+
+def _pattern_matches(pattern: str, text: str) -> bool:
+    """OpenSSH's wildcard match: ``*`` and ``?`` only (``[`` is an ordinary character), case-insensitive."""
+    return _pattern(pattern).fullmatch(text.lower()) is not None
+
+
+def matches_pattern_list(patterns: list[str], text: str) -> bool:
+    """True when ``text`` matches one of ``patterns`` and none of the negated (``!``) ones."""
+    hit = False
+    for pattern in patterns:
+        if pattern.startswith("!"):
+            if _pattern_matches(pattern[1:], text):
+                return False
+        elif _pattern_matches(pattern, text):
+            hit = True
+    return hit
+
+
+def local_user() -> str:
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
+
+
+def session_tokens(hostname: str, host: str, port: int | str, user: str, host_key_alias: str | None = None
+                   ) -> dict[str, str]:
+    """The ``%`` tokens OpenSSH offers in file names, ``Match exec`` and the like, for one connection."""
+    local_host = os.uname().nodename
+    return {"h": hostname, "n": host, "p": str(port), "r": user, "u": local_user(), "d": os.path.expanduser("~"),
+            "i": str(os.getuid()), "L": local_host.split(".")[0], "l": local_host, "k": host_key_alias or host,
+            # As OpenSSH 9.2: the SHA-1 of %l%h%p%r (names a ControlPath or a key per connection).
+            "C": hashlib.sha1(f"{local_host}{hostname}{port}{user}".encode()).hexdigest()}
+
+
+def expand_tokens(text: str, tokens: Mapping[str, str], origin: Origin | str) -> str:
+    """Replace ``%x`` by ``tokens[x]`` and ``%%`` by ``%``; an unknown token is an error, as in OpenSSH."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "%" and i + 1 < len(text):
+            key = text[i + 1]
+            if key == "%":
+                out.append("%")
+            elif key in tokens:
+                out.append(tokens[key])
+            else:
+                raise UsageError(f"{origin}: unknown token %{key} in {text!r} (supported here: "
+                                 f"{', '.join('%' + k for k in sorted(tokens))})")
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def expand_path(text: str, tokens: Mapping[str, str], origin: Origin | str) -> str:
+    """A file name from ssh_config: ``~``, ``${VAR}`` and ``%`` tokens expanded."""
+    def env(found: re.Match[str]) -> str:
+        name = found.group(1)
+        if name not in os.environ:
+            raise UsageError(f"{origin}: environment variable {name} in {text!r} is not set")
+        return os.environ[name]
+
+    return os.path.expanduser(expand_tokens(re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", env, text), tokens, origin))
+
+
+def parse_port(text: str, what: str, origin: Origin | str) -> int:
+    """``text`` as a TCP port; raises UsageError naming ``origin`` and ``what`` if it is not one."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise UsageError(f"{origin}: {what}: port {text!r} is not a number from 1 to 65535")
+    return int(text)
