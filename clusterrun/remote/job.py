@@ -85,6 +85,7 @@ class Agent:
         self.grace = float(spec["grace"])
         self.heartbeat_timeout = float(spec["heartbeat_timeout"])
         self.detached = spec["detached"]
+        self.ended = None  # when torchrun ended
         self.run_dir = os.path.expanduser(spec["run_dir"])
         self.launcher_lines: list = []
         self.stop_reason = None
@@ -286,6 +287,7 @@ class Agent:
         self._start_watchers()
         status = procs.wait_for(proc.pid)
         proc.returncode = status  # reaped here, not by Popen
+        self.ended = time.time()  # the node's end, in its exit event: not when its logs finished going out
         if self.watch is not None:
             self.watch.answer_only()  # the job is over: its paths no longer matter, the others' still do
         if os.WIFSIGNALED(status):
@@ -320,6 +322,8 @@ class Agent:
         bounded by progress, not by time: it may take long on a slow link, but a stream that stops moving
         (clusterrun frozen, the link dead) for the heartbeat timeout ends it; the files stay on the node."""
         tailer.stop_event.set()
+        if self.detached and wire.is_broken():
+            return  # no one reads this stream any more: the files stay on the node for `clusterrun logs`
         stall = max(self.heartbeat_timeout, 15.0)
         while not tailer.done.wait(0.5):
             if time.monotonic() - max(tailer.progress, wire.last_progress()) > stall:
@@ -328,7 +332,7 @@ class Agent:
     def _finish(self, rc: int, signum, ranks: dict, reason: str, logs: dict | None = None,
                 watch: dict | None = None) -> int:
         result = {"ev": protocol.EXIT, "rc": rc, "signal": signum, "ranks": {str(k): v for k, v in ranks.items()},
-                  "reason": reason, "time": time.time(), "logs": logs or {}, "watch": watch}
+                  "reason": reason, "time": self.ended or time.time(), "logs": logs or {}, "watch": watch}
         try:
             with open(os.path.join(self.run_dir, "exit.json"), "w") as f:
                 json.dump(result, f)

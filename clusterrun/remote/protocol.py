@@ -23,7 +23,7 @@ Events of ``agent.py run``:
   ``ok`` again.
 * ``load`` (cpu: {rank: share of one CPU since the last report}, time): every few seconds, for stragglers.
 * ``stack`` (rank, how, pid; payload: the dump's text) per worker after ``stacks``, then ``stacks_done`` (count).
-* ``exit`` (rc, signal, reason, ranks, logs, watch, time): always last, sent after every byte of every rank
+* ``exit`` (rc, signal, reason, ranks, logs, watch, time: when torchrun ended): always last, sent after every byte of every rank
   file; ``logs`` gives each rank file's size and line count: ``{"<rank>/<stream>": {"bytes", "sent", "lines"}}``;
   ``watch`` the datagrams the watch sent and received.
 
