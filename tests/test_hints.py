@@ -62,7 +62,8 @@ def test_loopback_hint_never_names_an_interface_with_only_a_link_local_address()
 
 
 def test_loopback_hint_names_the_nodes_own_ipv4_nic_when_it_is_known() -> None:
-    nics = [("ib0", "fe80::1"), ("lo", "127.0.0.1"), ("ens6", "198.19.0.12/24"), ("eno1", "198.18.0.12/24")]
+    nics = [("ib0", "fe80::1"), ("lo", "127.0.0.1"), ("docker0", "172.17.0.1/16"), ("ens6", "198.19.0.12/24"),
+            ("eno1", "198.18.0.12/24")]
 
     (hint, *_) = failure_hints(nccl_log("info_loopback_chosen_connect_timeout_old_nccl.txt"), nics=nics)
 

@@ -66,6 +66,10 @@ def _is_loopback(name: str, address: str) -> bool:
     return name == "lo" or address.startswith("127.") or address in ("::1", "0:0:0:0:0:0:0:1")
 
 
+# Bridges of containers and VMs carry an IPv4 address no other node routes to.
+_VIRTUAL = re.compile(r"^(?:docker|veth|virbr|br-|cni|flannel|cali)")
+
+
 def _ipv4(address: str) -> bool:
     try:
         return ipaddress.ip_interface(address.split("%")[0]).version == 4
@@ -78,7 +82,7 @@ def _usable_nic(nics: Sequence[tuple[str, str]], chosen: Sequence[tuple[str, str
     that is not the loopback and has an IPv4 address (an interface with only an IPv6 link-local address,
     fe80::..., cannot carry NCCL's traffic to other nodes)."""
     return next(((name, addr.split("/")[0]) for name, addr in (*nics, *chosen)
-                 if name and not _is_loopback(name, addr) and _ipv4(addr)), None)
+                 if name and not _is_loopback(name, addr) and not _VIRTUAL.match(name) and _ipv4(addr)), None)
 
 
 def _loopback_hint(text: str, parsed: nccl_log.NcclLog | None, nics: Sequence[tuple[str, str]]) -> str | None:
