@@ -251,6 +251,20 @@ def test_python_report_without_a_torch_version_fails_rather_than_passing_an_unkn
     assert f.verdict is Verdict.failed and "has no torch" in f.summary
 
 
+def test_no_torch_in_the_venv_itself_shows_where_python_ran_and_asks_for_torch() -> None:
+    # Synthetic, as pyreport prints it for a venv's own interpreter (a symlink to the system python): no torch there.
+    report = {"python": "3.11.2", "executable": "/opt/venv/bin/python", "imported": False, "prefix": "/opt/venv",
+              "base_prefix": "/usr", "realpath": "/usr/bin/python3.11",
+              "venv_on_path": {"venv": "/opt/venv", "link": "/opt/venv/bin/python"},
+              "torch_error": "no module named 'torch' on this python's path"}
+    f = one(run("node.python", inventory({"name": "gpu01"}), facts("gpu01", python=report)))
+
+    assert f.summary.endswith("; sys.executable /opt/venv/bin/python (real path /usr/bin/python3.11), "
+                              "sys.prefix /opt/venv")
+    assert f.hint == "install torch in that environment, or point `python` at one that has it"
+    assert f.data["prefix"] == "/opt/venv"
+
+
 # --- node.versions -------------------------------------------------------------------------------------------------
 
 

@@ -5,6 +5,8 @@ right verdict naming the right node and NIC, with the hint to fix it."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -149,3 +151,39 @@ def test_missing_python_fails_naming_the_interpreter(sim_cluster: SimCluster, tm
     assert [f["node"] for f in bad] == ["node1"]  # node0 keeps the default python
     assert "/opt/nowhere/bin/python3 not found" in bad[0]["summary"]
     assert "absolute path" in bad[0]["hint"]
+
+
+def linked_venv_python(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv of the system python holding a torch, and a symlink to its interpreter from outside it.
+
+    The torch is a stand-in: only the ``version.py`` that doctor's python report reads (it never imports torch).
+    """
+    base = Path("/usr/bin/python3")
+    if not base.exists() or subprocess.run([str(base), "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("needs a /usr/bin/python3 without torch")
+    venv = tmp_path / "venv"
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "version.py").write_text("__version__ = '2.3.1+cpu'\ncuda = None\n")
+    (tmp_path / "bin").mkdir()
+    link = tmp_path / "bin" / "trainpy"
+    link.symlink_to(venv / "bin" / "python")
+    return venv, link
+
+
+def test_symlink_that_leaves_its_venv_is_explained(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    venv, link = linked_venv_python(tmp_path)
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    inv.write_text(inv.read_text().replace("  - name: node1\n", f"  - name: node1\n    python: {link}\n")
+                   .replace("  - name: node0\n", f"  - name: node0\n    python: {venv}/bin/python\n"))
+    rc, report, _ = doctor(inv, tmp_path, "--checks", "node.python")
+    assert rc == 1
+    (bad,) = failing(report, "node.python")
+    assert bad["node"] == "node1"  # node0 names the venv's own interpreter: its torch is found
+    real = os.path.realpath("/usr/bin/python3")
+    assert f"has no torch: no module named 'torch' on this python's path; sys.executable {link} (real path {real}), " \
+           f"sys.prefix /usr" in bad["summary"]
+    assert bad["hint"].startswith(f"{link} is a symlink to {venv}/bin/python of the venv {venv}, but its real path "
+                                  f"{real} is outside that venv")
+    assert f"set `python` to {venv}/bin/python itself" in bad["hint"]

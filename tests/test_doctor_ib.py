@@ -71,6 +71,15 @@ def test_ib_write_bw_below_line_rate_warns(sim_cluster: SimCluster, tmp_path: Pa
     assert "ibstat" in found[0]["hint"]
 
 
+def test_ib_write_bw_mebibyte_table_is_converted_before_the_verdict(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    # Newer perftest prints MiB/sec when run without --report_gbits: 46557 MiB/s is 390.5 Gbit/s, not 46557.
+    inv = roce_inventory(sim_cluster, tmp_path / "cluster.yaml", speed="400gbit")
+    bindir = standin_dir(tmp_path, output="send_bw_mib_ndr_cpu_freq_warning_in_table.txt")
+    rc, found = ib_findings(tmp_path, inv, "--path", str(bindir))
+    assert rc == 0, found
+    assert found[0]["verdict"] == "pass" and "390.5 Gbit/s, 98% of the listed 400 Gbit/s" in found[0]["summary"]
+
+
 def test_ib_write_bw_handshake_blocked_fails_in_time(sim_cluster: SimCluster, tmp_path: Path) -> None:
     inv = roce_inventory(sim_cluster, tmp_path / "cluster.yaml")
     sim_cluster.drop_nic("node1", "data")

@@ -53,6 +53,31 @@ def test_loopback_chosen_and_connect_timeout_points_at_socket_ifname_first() -> 
     assert not any("NCCL_SOCKET_IFNAME" in h for h in hints[1:])  # the generic hints come after, if at all
 
 
+def test_loopback_hint_never_names_an_interface_with_only_a_link_local_address() -> None:
+    # NCCL listed eth1 with fe80::215:5dff:fe33:ff6d only: no other node reaches it; eth0 has an IPv4 address.
+    (hint, *_) = failure_hints(nccl_log("info_loopback_chosen_connect_timeout_old_nccl.txt"))
+
+    assert "(such as eth0, which has 10.151.40.240; never lo)" in hint
+    assert "eth1" not in hint.split("(of lo, eth0, eth1)")[1]
+
+
+def test_loopback_hint_names_the_nodes_own_ipv4_nic_when_it_is_known() -> None:
+    nics = [("ib0", "fe80::1"), ("lo", "127.0.0.1"), ("docker0", "172.17.0.1/16"), ("ens6", "198.19.0.12/24"),
+            ("eno1", "198.18.0.12/24")]
+
+    (hint, *_) = failure_hints(nccl_log("info_loopback_chosen_connect_timeout_old_nccl.txt"), nics=nics)
+
+    assert "(such as ens6, which has 198.19.0.12; never lo)" in hint
+
+
+def test_loopback_hint_without_a_known_ipv4_nic_names_none() -> None:
+    # NCCL listed only lo; nothing is known of the node's NICs: the advice says how to find the right one.
+    hints = failure_hints([*nccl_log("info_socket_ifname_lo.txt"), STORE_TIMEOUT], nics=[("eth1", "fe80::2")])
+
+    assert "such as" not in hints[0]
+    assert "(the interface that `ip -4 addr` shows with the node's address on the data network; never lo)" in hints[0]
+
+
 def test_loopback_from_the_environment_and_a_store_timeout_names_the_setting() -> None:
     # Lines of two real logs: NCCL told to use lo, and torch's store timing out.
     hints = failure_hints([*nccl_log("info_socket_ifname_lo.txt"), STORE_TIMEOUT])

@@ -146,3 +146,24 @@ def test_not_perftest_output_raises(text: str) -> None:
 def test_mbytes_are_binary_megabytes() -> None:
     assert BwUnit.MBYTE.to_gbps(1000.0) == pytest.approx(8.388608)
     assert BwUnit.GBIT.to_gbps(92.4) == 92.4
+
+
+@pytest.mark.parametrize(
+    ("name", "test", "last", "average_gbps", "warnings"),
+    [
+        ("server_mib_cuda_gdr_rtx4080.txt", "RDMA_Write BW Test", BwRow(65536, 5000, 14954.91, 14948.67, 0.239179),
+         125.399, 0),
+        ("send_bw_mib_ndr_cpu_freq_warning_in_table.txt", "Send BW Test",
+         BwRow(65536, 1000, 46567.34, 46557.03, 0.744912), 390.549, 1),
+    ],
+)
+def test_newer_perftest_mebibyte_tables_convert_to_gbits(
+    name: str, test: str, last: BwRow, average_gbps: float, warnings: int
+) -> None:
+    report = ib_write_bw.parse(fixture(name))
+
+    assert (report.unit, report.test, report.link_type, report.device) == (BwUnit.MIBYTE, test, "IB", "mlx5_0")
+    assert report.rows == (last,)
+    assert report.average_gbps == pytest.approx(average_gbps, abs=0.001)  # 2**20 bytes/s, as perftest's MB/sec
+    assert report.complete and len(report.warnings) == warnings
+    assert (report.errors, report.hint) == ((), None)

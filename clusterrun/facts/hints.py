@@ -7,7 +7,9 @@ timeout, a refused connection), so the hint that names the culprit is the one a 
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from collections.abc import Sequence
 
 from clusterrun.facts.parsers import nccl_log
 
@@ -64,7 +66,26 @@ def _is_loopback(name: str, address: str) -> bool:
     return name == "lo" or address.startswith("127.") or address in ("::1", "0:0:0:0:0:0:0:1")
 
 
-def _loopback_hint(text: str, parsed: nccl_log.NcclLog | None) -> str | None:
+# Bridges of containers and VMs carry an IPv4 address no other node routes to.
+_VIRTUAL = re.compile(r"^(?:docker|veth|virbr|br-|cni|flannel|cali)")
+
+
+def _ipv4(address: str) -> bool:
+    try:
+        return ipaddress.ip_interface(address.split("%")[0]).version == 4
+    except ValueError:
+        return False
+
+
+def _usable_nic(nics: Sequence[tuple[str, str]], chosen: Sequence[tuple[str, str]]) -> tuple[str, str] | None:
+    """A NIC to name in the advice: one the node has (``nics``, best first) or, failing that, one NCCL listed,
+    that is not the loopback and has an IPv4 address (an interface with only an IPv6 link-local address,
+    fe80::..., cannot carry NCCL's traffic to other nodes)."""
+    return next(((name, addr.split("/")[0]) for name, addr in (*nics, *chosen)
+                 if name and not _is_loopback(name, addr) and not _VIRTUAL.match(name) and _ipv4(addr)), None)
+
+
+def _loopback_hint(text: str, parsed: nccl_log.NcclLog | None, nics: Sequence[tuple[str, str]]) -> str | None:
     """NCCL sockets on ``lo`` in a log that ends in a connection or rendezvous timeout: the cause, named."""
     if parsed is not None and parsed.nnodes == 1:
         return None  # one node: loopback is a fine choice, the timeout has another cause
@@ -79,8 +100,11 @@ def _loopback_hint(text: str, parsed: nccl_log.NcclLog | None) -> str | None:
     cause = (f"NCCL_SOCKET_IFNAME={ifname} (from the environment or nccl.conf) makes NCCL use the loopback "
              f"interface {name}:{addr}" if ifname is not None and ifname.lstrip("=") == name else
              f"NCCL uses the loopback interface {name}:{addr}{among}")
+    usable = _usable_nic(nics, chosen)
+    which = (f"such as {usable[0]}, which has {usable[1]}" if usable is not None else
+             "the interface that `ip -4 addr` shows with the node's address on the data network")
     return (f"{cause}, which no other node can reach, so connections to it time out: set NCCL_SOCKET_IFNAME to "
-            f"the data NIC's name on every node (such as eth1, never {name}), or at least exclude it "
+            f"the data NIC's name on every node ({which}; never {name}), or at least exclude it "
             f"(NCCL_SOCKET_IFNAME=^{name},docker); `clusterrun plan` shows the value clusterrun sets and "
             "clusterrun doctor the one that works")
 
@@ -123,15 +147,20 @@ def _desync_hint(text: str) -> str | None:
     return None
 
 
-def failure_hints(lines: list[str], limit: int = 3) -> list[str]:
-    """Up to ``limit`` distinct hints for the known failures in ``lines`` (most specific first)."""
+def failure_hints(lines: list[str], limit: int = 3, nics: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """Up to ``limit`` distinct hints for the known failures in ``lines`` (most specific first).
+
+    ``nics`` are the failed node's ``(name, address)`` pairs when the caller knows them (its data NIC
+    first); a hint that must name an interface names one of those with an IPv4 address, else one from
+    NCCL's own list, else none.
+    """
     text = "\n".join(lines)
     parsed: nccl_log.NcclLog | None
     try:
         parsed = nccl_log.parse(text)
     except Exception:  # a log is not a contract: never let a hint break the summary
         parsed = None
-    hints = [hint for hint in (_loopback_hint(text, parsed), _desync_hint(text)) if hint]
+    hints = [hint for hint in (_loopback_hint(text, parsed, nics), _desync_hint(text)) if hint]
     if parsed is not None:
         hints += [f.hint for f in parsed.failures if f.hint]
     hints += [hint for pattern, hint in _OTHER if pattern.search(text)]

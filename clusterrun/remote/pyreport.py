@@ -13,6 +13,11 @@ this reads what is on disk instead:
   macOS and Windows, NCCL in CUDA builds (RCCL in ROCm builds). MPI is in source builds only and is not
   told. Whether they load is proven only by importing torch: ``cluster.allreduce`` does, under torchrun.
 * ``torch_error``: why there is no torch to report.
+* ``prefix``, ``base_prefix``, ``realpath``: where this interpreter took its packages from and the file
+  it finally is. ``venv_on_path``: the first virtual environment (a directory with ``pyvenv.cfg``) on the
+  symlink chain from ``executable`` to ``realpath``, with the link inside it. Python finds ``pyvenv.cfg``
+  only beside the path it was started by: a symlink from elsewhere to a venv's ``bin/python`` starts the
+  base installation, without the venv's packages; then ``prefix`` is not that venv.
 
 Standard library only, for any Python 3.8+ a node has.
 """
@@ -22,7 +27,35 @@ import os
 import platform
 import sys
 
-out = {"python": platform.python_version(), "executable": sys.executable, "imported": False}
+out = {"python": platform.python_version(), "executable": sys.executable, "imported": False,
+       "prefix": sys.prefix, "base_prefix": getattr(sys, "base_prefix", sys.prefix),
+       "realpath": os.path.realpath(sys.executable)}
+
+
+def symlink_chain(path, limit=40):
+    """``path`` and every link it goes through, in order (the last is not a link)."""
+    chain = [path]
+    while os.path.islink(path) and len(chain) < limit:
+        target = os.readlink(path)
+        path = os.path.normpath(target if os.path.isabs(target) else os.path.join(os.path.dirname(path), target))
+        chain.append(path)
+    return chain
+
+
+def venv_of(path):
+    """The virtual environment that ``path`` (an interpreter) would start: where its pyvenv.cfg is, else None."""
+    for folder in (os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+        if os.path.isfile(os.path.join(folder, "pyvenv.cfg")):
+            return folder
+    return None
+
+
+def venv_on_path():
+    for link in symlink_chain(sys.executable) if sys.executable else []:
+        venv = venv_of(link)
+        if venv is not None:
+            out["venv_on_path"] = {"venv": venv, "link": link}
+            return
 
 
 def version_file(path):
@@ -111,6 +144,10 @@ def report():
     out["backends"], out["backends_from"] = backends, "build"
 
 
+try:
+    venv_on_path()
+except OSError as exc:  # an unreadable link is a fact, not a reason to print nothing
+    out["venv_error"] = "%s: %s" % (type(exc).__name__, exc)
 try:
     report()
 except Exception as exc:  # the report must always be printed: a failure is one of its facts

@@ -7,12 +7,16 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clusterrun import remote
 from clusterrun.doctor.checks.paths import Endpoint, ledger, networks
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ClusterrunError, StartError
+
+if TYPE_CHECKING:
+    from clusterrun.plan import LaunchPlan
 
 SMOKE = remote.path("allreduce_smoke")
 MARK = "CLUSTERRUN-ALLREDUCE "
@@ -23,6 +27,12 @@ def _dead_on_data_network(ctx: Context) -> list[Endpoint]:
     book = ledger(ctx)
     data = next((n for n in networks(ctx) if n.data), None)
     return [] if data is None else [ep for node, ep in data.members.items() if node in book.dead(data.subnet)]
+
+
+def _nics_of(plan: LaunchPlan, ctx: Context, name: str) -> list[tuple[str, str]]:
+    planned = [(p.data_nic, p.data_address) for p in plan.nodes if p.name == name and p.data_nic]
+    listed = [(nic.name, str(nic.ip)) for n in ctx.inventory.nodes if n.name == name for nic in n.nics if nic.ip]
+    return planned + listed
 
 
 @check("cluster.allreduce", "all-reduce across all nodes through the launch path of `up`", Scope.cluster,
@@ -82,7 +92,9 @@ def allreduce(ctx: Context) -> Iterator[Finding]:
         node, rank = (failure.node, failure.rank) if failure else (rank0, 0)
         log = run_dir.tail(node, rank if rank is not None else plan.nodes[0].rank_offset, 400)
         tail = log[-20:]
-        hints = failure_hints(log) if log else []  # the whole tail: NCCL names its interfaces at the start
+        # The whole tail: NCCL names its interfaces at the start. The node's NICs, data NIC first, let a hint
+        # name a real interface of it rather than one NCCL listed.
+        hints = failure_hints(log, nics=_nics_of(plan, ctx, node)) if log else []
         yield Finding("cluster.allreduce", Verdict.failed, f"all-reduce failed after {wall:.1f}s: {where}", node=node,
                       hint="; ".join(hints) or f"see {run_dir.path}/ for every rank's log",
                       evidence=(Evidence(" ".join(plan.nodes[0].argv), "\n".join(tail), outcome.exit_code, node),),

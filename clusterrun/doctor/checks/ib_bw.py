@@ -27,7 +27,6 @@ from clusterrun.network import resolve_data_network
 from clusterrun.transport.reader import LineReader
 
 PASS_RATIO = 0.8
-_GBIT = {ib_write_bw.BwUnit.GBIT: 1.0, ib_write_bw.BwUnit.MBYTE: 8e-3}
 
 
 @dataclass(frozen=True)
@@ -103,8 +102,8 @@ def _measure(ctx: Context, client: Node, server: Node, nics: tuple[Nic, Nic]) ->
         why = "; ".join(report.errors) or f"no result (exit {res.exit_code})"
         return Measure(client.name, server.name, nics, None, why + (f" ({report.hint})" if report.hint else ""),
                        evidence)
-    gbps = report.rows[-1].bw_average * _GBIT.get(report.unit or ib_write_bw.BwUnit.GBIT, 1.0)
-    return Measure(client.name, server.name, nics, gbps, None, evidence)
+    # The parser owns the units: a MB/sec or MiB/sec table (2**20 bytes/s) is not Gb/s.
+    return Measure(client.name, server.name, nics, report.average_gbps, None, evidence)
 
 
 @check("ib.bandwidth", "RDMA write bandwidth between pairs (ib_write_bw) against line rate", Scope.pair, active=True,

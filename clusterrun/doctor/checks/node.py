@@ -65,9 +65,11 @@ def python_torch(ctx: Context) -> Iterator[Finding]:
             continue
         if "torch_error" in report or not report.get("torch"):
             yield Finding("node.python", Verdict.failed,
-                          f"{node.name}: {python} has no torch: {report.get('torch_error', 'no version found')}",
-                          node=node.name, subject=python, evidence=evidence,
-                          hint="install torch in that environment, or point `python` at one that has it")
+                          f"{node.name}: {python} has no torch: {report.get('torch_error', 'no version found')}"
+                          f"{_where(report)}", node=node.name, subject=python, evidence=evidence,
+                          hint=_left_venv(report) or "install torch in that environment, or point `python` at one "
+                                                     "that has it",
+                          data={k: report[k] for k in _WHERE_KEYS if k in report})
             continue
         backends = list(report.get("backends") or [])
         versions = _versions(report)
@@ -87,6 +89,35 @@ def python_torch(ctx: Context) -> Iterator[Finding]:
         yield Finding("node.python", Verdict.passed,
                       f"{node.name}: {versions}; backends {', '.join(backends)} ({NOT_IMPORTED})",
                       node=node.name, subject=python, measured=versions, evidence=evidence, data=dict(report))
+
+
+_WHERE_KEYS = ("executable", "realpath", "prefix", "base_prefix", "venv_on_path")
+
+
+def _where(report: Mapping[str, Any]) -> str:
+    """``; sys.executable X (real path Y), sys.prefix Z``: which installation the interpreter ran as."""
+    if not report.get("prefix"):
+        return ""  # a report from before these keys
+    real = report.get("realpath")
+    real = f" (real path {real})" if real and real != report.get("executable") else ""
+    return f"; sys.executable {report.get('executable')}{real}, sys.prefix {report['prefix']}"
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _left_venv(report: Mapping[str, Any]) -> str | None:
+    """Why an interpreter that links into a venv runs without it, when it does: the fix, else None."""
+    found = report.get("venv_on_path") or {}
+    venv, link, prefix = found.get("venv"), found.get("link"), report.get("prefix")
+    real = report.get("realpath") or ""
+    if not venv or not link or not prefix or _inside(prefix, venv) or _inside(real, venv):
+        return None
+    return (f"{report.get('executable')} is a symlink to {link} of the venv {venv}, but its real path {real} is "
+            f"outside that venv and Python looks for pyvenv.cfg only beside the path it was started by, so it ran "
+            f"as {prefix} without the venv's packages: set `python` to {link} itself (or activate the venv in a "
+            f"wrapper script rather than linking to its interpreter)")
 
 
 def _versions(report: Mapping[str, Any]) -> str:

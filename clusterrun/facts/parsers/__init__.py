@@ -13,6 +13,7 @@ raised. No module runs anything; probes should run the tools with ``LC_ALL=C``.
 - ``ibdev2netdev``: MLNX/rdma-core ``ibdev2netdev [-v]`` (RDMA port -> netdev and its state)
 - ``show_gids``: the MLNX ``show_gids`` table (GID index, GID, IPv4, RoCE version, netdev)
 - ``ib_write_bw``: the perftest ``ib_write_bw`` report
+- ``nccl_tests``: the nccl-tests ``*_perf`` results table (busbw per size, average, failures)
 - ``ping``: iputils ``ping``
 - ``iperf3``: ``iperf3 -J`` (client side)
 - ``nccl_log``: NCCL_DEBUG lines in a log tail: version, network and devices, and known failures with hints

@@ -6,7 +6,7 @@ Expected command (doctor runs the server, then the client, both with a timeout):
 
 The report is a parameter block, the QP addresses, and a results table whose unit is
 Gb/sec with ``--report_gbits`` and MB/sec (2**20 bytes/s, perftest's ``0x100000``)
-without it. Real reports carry noise this parser keeps apart from the numbers:
+without it; newer perftest releases print that same unit as ``MiB/sec``. Real reports carry noise this parser keeps apart from the numbers:
 "Conflicting CPU frequency" warnings printed inside the table, CUDA chatter before and
 after it with ``--use_cuda``, and error lines ("Couldn't connect to ...", "Completion with
 error") that end a run early; those give ``errors`` and a ``hint``, not an exception.
@@ -26,7 +26,7 @@ TOOL = "ib_write_bw"
 _DASHES = re.compile(r"^\s*-{20,}\s*$")
 _TITLE = re.compile(r"^\s*(?P<title>[A-Za-z_ ]+ (?:BW|Latency) Test)\s*$")
 _PARAM = re.compile(r"(?P<key>[A-Za-z][\w*. -]*?)\s*:\s*(?P<value>\S+)")
-_TABLE_HEADER = re.compile(r"#bytes\s+#iterations\s+BW peak\[(?P<unit>Gb|MB)/sec\]\s+BW average\[(?:Gb|MB)/sec\]")
+_TABLE_HEADER = re.compile(r"#bytes\s+#iterations\s+BW peak\[(?P<unit>Gb|MB|MiB)/sec\]\s+BW average\[(?:Gb|MB|MiB)/sec\]")
 _ROW = re.compile(r"^\s*(?P<bytes>\d+)\s+(?P<iters>\d+)\s+(?P<peak>\d+\.\d+)\s+(?P<avg>\d+\.\d+)\s+(?P<rate>\d+\.\d+)(?:\s+[\d.]+)*\s*$")
 _NOISE = re.compile(r"^\s*(?:\*+|\* Waiting for client to connect\.\.\. \*|(?:local|remote) address:.*|GID: [\d:]+)\s*$")
 _WARNING = re.compile(r"WARNING|Conflicting CPU frequency|CPU Frequency is not max|Test integrity may be harmed|"
@@ -52,10 +52,12 @@ _ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 class BwUnit(Enum):
-    """The table's unit: ``Gb/sec`` (10**9 bits/s, with --report_gbits) or ``MB/sec`` (2**20 bytes/s)."""
+    """The table's unit: ``Gb/sec`` (10**9 bits/s, with --report_gbits), or ``MB/sec`` / ``MiB/sec``
+    (both 2**20 bytes/s: newer perftest names its unit correctly)."""
 
     GBIT = "Gb/sec"
     MBYTE = "MB/sec"
+    MIBYTE = "MiB/sec"
 
     def to_gbps(self, value: float) -> float:
         return value if self is BwUnit.GBIT else value * 2**20 * 8 / 1e9
