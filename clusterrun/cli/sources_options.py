@@ -60,9 +60,9 @@ def load_nodes(inventory: Path | None, *, ips: str | None = None, hostfile: Path
                slurm: str | None = None, gpus: str | None = None, ssh_user: str | None = None,
                ssh_config: Path | None = None,
                node_python: str | None = None, data_nic: str | None = None, node_pattern: str | None = None,
-               nproc_per_node: int | None = None, transport: str | None = None) -> Any:
-    """The validated Inventory for whichever source was given; ``transport`` defaults to the command's
-    --transport. Raises ClusterrunError."""
+               nproc_per_node: int | None = None, transport: str | None = None, local: bool = False) -> Any:
+    """The validated Inventory for whichever source was given (``local``: this machine alone); ``transport``
+    defaults to the command's --transport. Raises ClusterrunError."""
     from clusterrun.inventory.sources import HostSource, load_cluster
 
     if transport is None:
@@ -70,4 +70,5 @@ def load_nodes(inventory: Path | None, *, ips: str | None = None, hostfile: Path
         transport = ctx.meta.get(_TRANSPORT_KEY) if ctx is not None else None
     return load_cluster(HostSource(inventory=inventory, ips=ips, hostfile=hostfile, slurm=slurm, gpus=gpus,
                                    nproc_per_node=nproc_per_node, ssh_user=ssh_user, ssh_config=ssh_config, python=node_python,
-                                   data_nic=data_nic, nodes=node_pattern, transport=transport))
+                                   data_nic=data_nic, nodes=node_pattern, transport=transport,
+                                   local=local))
