@@ -54,7 +54,7 @@ def test_other_launchers_spellings_before_script(args: tuple[str, ...], ours: li
 @pytest.mark.parametrize("flag", ["--nnodes", "--node_rank", "--master_addr", "--master-addr", "--rdzv_endpoint",
                                   "--standalone"])
 def test_what_clusterrun_derives_is_refused_with_the_reason(flag: str) -> None:
-    with pytest.raises(UsageError, match=f"{flag}: clusterrun sets this itself; .*; drop it$"):
+    with pytest.raises(UsageError, match=f"{flag}: clusterrun sets this itself; .*; drop it"):
         parts(flag, "2", "c.yaml", "train.py")
 
 
@@ -114,8 +114,8 @@ def test_what_names_a_script_rather_than_an_inventory(token: str, module: bool, 
     (("--npus", "8"), "no such option: --npus; clusterrun's equivalent is --gpus LIST for device indices, "
                       "--nproc-per-node N for a count"),
     (("--rank", "0"), "--rank: clusterrun sets this itself; each node's rank is its place in the node list (the "
-                      "first is 0); `node_rank` in the inventory pins ranks (--ranks LIST shows only some ranks' "
-                      "output); drop it"),
+                      "first is 0); `node_rank` in the inventory pins ranks; drop it (--ranks LIST shows only some "
+                      "ranks' output)"),
     (("--node_rank", "1"), "--node_rank: clusterrun sets this itself; each node's rank is its place"),
     (("--max_restarts=3",), "no such option: --max_restarts; clusterrun's equivalent is --max-restarts N"),
     (("-np", "16"), "no such option: -np; clusterrun's equivalent is --nproc-per-node N (processes on every node"),
@@ -136,3 +136,14 @@ def test_commands_without_a_job_explain_foreign_flags_through_clicks_error() -> 
     # an equivalent the command does not have is not offered: click's own message stays
     code, err = run_cli("check", "--log_dir", "x", "c.yaml")
     assert code == 2 and "No such option" in err and "--runs-dir" not in err
+
+
+def test_every_equivalent_in_the_table_is_an_option_of_up() -> None:
+    from clusterrun.cli.foreign_flags import ALIASES, EQUIVALENTS, explain
+    from clusterrun.cli.job_argv import _options
+
+    options = _options(command())
+    assert {target for target in ALIASES.values()} <= set(options)
+    assert {option for option, _ in EQUIVALENTS.values()} <= set(options)
+    for flag, (_, text) in EQUIVALENTS.items():
+        assert explain(flag, options) == f"no such option: {flag}; clusterrun's equivalent is {text}"

@@ -32,7 +32,7 @@ _BIND = "each rank is bound to its GPU's NUMA node from the node's topology"
 DERIVED = {
     "--nnodes": _NODES, "--num_nodes": _NODES, "--num-nodes": _NODES,
     "--node_rank": _RANK, "--node-rank": _RANK,
-    "--rank": f"{_RANK} (--ranks LIST shows only some ranks' output)",  # fleetrun: this node's rank
+    "--rank": _RANK,  # fleetrun: this node's rank
     "--master_addr": _MASTER, "--master-addr": _MASTER,
     "--master": f"{_MASTER}, --master-port the port",  # fleetrun: --master IP:PORT
     "--rdzv_endpoint": _RDZV, "--rdzv-endpoint": _RDZV, "--rdzv_backend": _RDZV, "--rdzv-backend": _RDZV,
@@ -42,6 +42,9 @@ DERIVED = {
                     "(clusterrun up train.py)",
     "--bind_cores_to_rank": _BIND, "--bind-to": _BIND, "--map-by": _BIND,
 }
+
+#: derived flag -> (an option of clusterrun it may have been meant for, what that one does).
+_NEAR = {"--rank": ("--ranks", "--ranks LIST shows only some ranks' output")}
 
 _LOGS = "--runs-dir DIR (every rank's output is written to DIR/<run-id>/<node>/rank<R>.log; default ./runs)"
 _SHOWN = "--ranks LIST (every rank's output is shown prefixed [node:rank] and logged; --ranks shows only some)"
@@ -92,7 +95,8 @@ def explain(flag: str, options: Collection[str]) -> str | None:
     (whose option strings are ``options``) lacks; None when the table does not know it, or when its clusterrun
     equivalent is not an option of this command."""
     if flag in DERIVED:
-        return f"{flag}: clusterrun sets this itself; {DERIVED[flag]}; drop it"
+        near, does = _NEAR.get(flag, ("", ""))
+        return f"{flag}: clusterrun sets this itself; {DERIVED[flag]}; drop it" + (f" ({does})" if near in options else "")
     if flag in ALIASES and ALIASES[flag] in options:
         return f"no such option: {flag}; clusterrun's equivalent is {ALIASES[flag]}"
     if flag in EQUIVALENTS:
