@@ -27,13 +27,14 @@ def _remember_transport(ctx: click.Context, _param: click.Parameter, value: str 
 def source_options(func: F) -> F:
     options = [
         click.option("--ips", metavar="HOSTS", help="Nodes without an inventory: 10.0.0.1,10.0.0.2 (host or "
-                     "host:port, names or addresses); the first is node_rank 0."),
+                     "host:port with port 22 or from 1024, names or addresses); the first is node_rank 0."),
         click.option("--hostfile", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
                      help="Nodes from a DeepSpeed/MPI hostfile (`worker-1 slots=4`); slots sets processes per node."),
         click.option("--slurm", is_flag=False, flag_value="", default=None, metavar="[NODELIST]",
                      help="Nodes from a Slurm host list (gpu[01-04]); alone, from SLURM_JOB_NODELIST."),
-        click.option("--gpus", metavar="LIST", help="With --ips/--hostfile/--slurm: GPU indices on every node, "
-                     "e.g. 0,1,2,3 or 0-7 (default: every GPU each node sees, one process each)."),
+        click.option("--gpus", metavar="LIST", help="With --ips/--hostfile/--slurm (or SCRIPT alone: this "
+                     "machine): GPU indices on every node, e.g. 0,1,2,3 or 0-7 (default: every GPU each node sees, "
+                     "one process each)."),
         click.option("--ssh-user", metavar="USER", help="With --ips/--hostfile/--slurm: the SSH user."),
         click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="FILE",
                      help="With --ips/--hostfile/--slurm: an ssh_config to read instead of ~/.ssh/config."),
