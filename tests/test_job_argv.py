@@ -147,3 +147,12 @@ def test_every_equivalent_in_the_table_is_an_option_of_up() -> None:
     assert {option for option, _ in EQUIVALENTS.values()} <= set(options)
     for flag, (_, text) in EQUIVALENTS.items():
         assert explain(flag, options) == f"no such option: {flag}; clusterrun's equivalent is {text}"
+
+
+def test_exec_refuses_unknown_options_instead_of_running_them_as_the_command() -> None:
+    # exec keeps unknown options for the command: before `--` they used to become part of it ("--nnodes 2 -- ls").
+    code, err = run_cli("exec", "--nnodes", "2", "--ips", "a", "--", "hostname")
+    assert code == 2 and err.startswith("clusterrun: error: --nnodes: clusterrun sets this itself;"), err
+    code, err = run_cli("exec", "--devicez", "0", "--ips", "a", "--", "hostname")
+    assert code == 2 and err.startswith("clusterrun: error: no such option: --devicez (clusterrun's options go "
+                                        "before `--`; the command follows it)"), err
