@@ -111,7 +111,8 @@ def _documented_job_commands() -> list[pytest.param]:
                                                                                   .glob("*_cmd.py"))]
     found = []
     for path in sources:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, 1):
             at = line.find("clusterrun up ") if "clusterrun up " in line else line.find("clusterrun plan ")
             if at < 0:
                 continue
@@ -120,22 +121,29 @@ def _documented_job_commands() -> list[pytest.param]:
                 words = shlex.split(text)
             except ValueError:
                 continue
-            found.append(pytest.param(words, id=f"{path.name}:{number}"))
+            shown = lines[number] if number < len(lines) else ""  # the line after: the error an example shows
+            found.append(pytest.param(words, shown, id=f"{path.name}:{number}"))
     return found
 
 
-@pytest.mark.parametrize("words", _documented_job_commands())
-def test_documented_commands_give_clusterrun_its_options_before_script(words: list[str]) -> None:
+@pytest.mark.parametrize(("words", "shown"), _documented_job_commands())
+def test_documented_commands_give_clusterrun_its_options_before_script(words: list[str], shown: str) -> None:
     """After SCRIPT everything is the script's (as with torchrun): an example with clusterrun's options there
-    would teach users a command that silently does something else."""
+    would teach users a command that silently does something else. An example of a refused command line shows
+    the error it gets on its next line."""
     import click
 
     from clusterrun.cli.job_argv import _options, split
     from clusterrun.cli.main import cli
+    from clusterrun.errors import UsageError
 
     command = cli.get_command(click.Context(cli), words[1])
     assert command is not None
-    _ours, _positionals, script_args, explicit = split(command, words[2:], ("--ips", "--hostfile", "--slurm"))
+    try:
+        _ours, _positionals, script_args, explicit = split(command, words[2:], ("--ips", "--hostfile", "--slurm"))
+    except UsageError as exc:
+        assert shown == f"clusterrun: error: {exc}"
+        return
     ours = _options(command)
     mine = [w for w in script_args if w.split("=")[0] in ours and w not in ("--epochs", "--lr") and not explicit]
     assert not mine, f"{' '.join(words)}: {mine} would go to the script"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 
 from clusterrun.errors import InventoryError
 from clusterrun.inventory.hostfile import HostfileEntry, parse_hostfile
+from clusterrun.inventory.sources import HostSource, load_cluster
 
 DEEPSPEED_README = """\
 worker-1 slots=4
@@ -130,3 +133,23 @@ def test_entries_are_frozen() -> None:
     entry = parse_hostfile(DEEPSPEED_README)[0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         entry.slots = 8  # type: ignore[misc]
+
+
+def test_prrte_exclusion_line_is_refused_with_file_and_line(tmp_path: Path) -> None:
+    # PRRTE/OpenMPI's `^node2` (exclude node2) used to become a host named '^node2'.
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node1 slots=2\nnode2 slots=2\n^node2\n")
+    with pytest.raises(InventoryError) as info:
+        load_cluster(HostSource(hostfile=hostfile), {})
+    assert str(info.value) == (f"{hostfile}:3: '^node2': '^' excludes a host in PRRTE/OpenMPI hostfiles; clusterrun "
+                               "runs on every host the file lists: delete the line of 'node2' (or comment it out with "
+                               "'#'), or pick nodes with --nodes")
+
+
+@pytest.mark.parametrize("host", ["*", "+node3", "./node3", "~node3"])
+def test_a_host_no_host_name_could_be_is_refused_with_file_and_line(tmp_path: Path, host: str) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"node1 slots=2\n{host} slots=2\n")
+    with pytest.raises(InventoryError, match=f"^{re.escape(str(hostfile))}:2: host {re.escape(repr(host))} starts "
+                       f"with {re.escape(repr(host[0]))}, which no host name does"):
+        load_cluster(HostSource(hostfile=hostfile), {})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from clusterrun.errors import UsageError
@@ -31,7 +33,7 @@ from clusterrun.inventory.hostspec import (
         ("::1,[::1]:2200", [HostSpec("::1"), HostSpec("::1", 2200)]),
         ("fe80::1:2222", [HostSpec("fe80::1:2222")]),  # bare IPv6 never carries a port
         (" 10.0.0.1 ,  10.0.0.2:65535 ", [HostSpec("10.0.0.1"), HostSpec("10.0.0.2", 65535)]),
-        ("localhost:1", [HostSpec("localhost", 1)]),
+        ("localhost:1024,gpu-02:10022", [HostSpec("localhost", 1024), HostSpec("gpu-02", 10022)]),
         ("1node", [HostSpec("1node")]),
         ("a" * 63, [HostSpec("a" * 63)]),
         # Slurm node names and ssh_config aliases may hold underscores; ssh takes them
@@ -99,6 +101,31 @@ def test_parse_ips_errors_name_the_flag_and_item(value: str, offending: str | No
     assert problem in message
     if offending is not None:
         assert offending in message
+
+
+def test_mpi_slot_counts_are_refused_not_taken_for_ssh_ports() -> None:
+    # mpirun's and Horovod's host:N gives N slots; it used to become ssh ports 2 and 3.
+    with pytest.raises(UsageError) as info:
+        parse_ips("a,b:2,c:3")
+    message = str(info.value)
+    assert message.startswith("--ips: b:2: MPI's slot count? clusterrun takes processes per node from "
+                              "--nproc-per-node (or a hostfile's slots=N); an ssh port is written b:2222")
+    assert "\n" not in message
+    for item in ("gpu:1", "gpu:8", "gpu:256", "gpu:1023", "[fe80::1]:8"):
+        with pytest.raises(UsageError, match="MPI's slot count"):
+            parse_ips(item)
+
+
+def test_real_ssh_ports_keep_working() -> None:
+    assert parse_ips("a,b:2222,c:22,d:10022,[fe80::1]:1024") == [
+        HostSpec("a"), HostSpec("b", 2222), HostSpec("c", 22), HostSpec("d", 10022), HostSpec("fe80::1", 1024)]
+
+
+@pytest.mark.parametrize("bad", ["^node2", "*", "./gpu", ".gpu", "~gpu", "+gpu", "!gpu"])
+def test_a_host_starting_with_what_no_host_name_starts_with_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match=f"host {re.escape(repr(bad))} starts with {re.escape(repr(bad[0]))}, which "
+                       "no host name does"):
+        normalize_host(bad)
 
 
 def test_parse_ips_names_the_flag_it_was_given() -> None:

@@ -206,6 +206,23 @@ def test_the_script_gets_its_arguments_exactly_as_typed(tmp_path: Path) -> None:
     assert "note: --dry-run after SCRIPT goes to the script" in done.stderr
 
 
+def test_a_single_node_paddle_style_command_runs_on_this_machine(tmp_path: Path) -> None:
+    """`up --devices=0,1 train.py --lr=0.01`, with no inventory and no --ips/--hostfile/--slurm: this machine, as
+    torchrun and paddle.distributed.launch do; --lr=0.01 is the script's (it used to be refused as clusterrun's)."""
+    (tmp_path / "train.py").write_text("import json, os, sys\n"
+                                       "print('ARGS', json.dumps([sys.argv[1:], os.environ['CUDA_VISIBLE_DEVICES']]), "
+                                       "flush=True)\n")
+    done = clusterrun("up", "--devices=0,1", "train.py", "--lr=0.01", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    run = only_run(tmp_path / "runs")
+    for rank in (0, 1):  # one process per listed device
+        line = (run / "localhost" / f"rank{rank}.log").read_text().strip()
+        assert json.loads(line.removeprefix("ARGS ")) == [["--lr=0.01"], "0,1"]
+    plan = json.loads((run / "plan.json").read_text())
+    assert [n["name"] for n in plan["nodes"]] == ["localhost"] and plan["world_size"] == 2
+    assert not marked_processes(run.name)
+
+
 def test_secrets_are_neither_stored_nor_printed(tmp_path: Path) -> None:
     """-e HF_TOKEN reaches the ranks; plan.json, inventory.json and `plan` show it masked; only the user can
     read the run directory."""

@@ -360,3 +360,25 @@ def test_describe_hostfile(tmp_path: Path) -> None:
     path = write(tmp_path, HOSTFILE)
     expected = f"--hostfile {path}: 3 nodes (--nodes worker-*: 2)"
     assert describe(HostSource(hostfile=path, nodes="worker-*"), NO_ENV) == expected
+
+
+# --- SCRIPT alone: this machine ---------------------------------------------------------------------------------
+
+
+def test_script_alone_is_this_machine_like_the_local_inventory() -> None:
+    inv = load_cluster(HostSource(local=True, gpus="0,1", nproc_per_node=2), NO_ENV)
+    assert nodes_of(inv) == [("localhost", "127.0.0.1", None, [0, 1], None)]
+    assert inv.transport_of(inv.nodes[0]) is Transport.local and inv.defaults.nproc_per_node == 2
+    assert describe(HostSource(local=True), NO_ENV) == "this machine: 1 node"
+    assert revalidated(inv) == inv
+
+
+def test_script_alone_refuses_what_only_applies_to_remote_nodes() -> None:
+    with pytest.raises(UsageError, match=r"^--ssh-user, --transport only apply to remote nodes; SCRIPT alone runs on "
+                       "this machine without SSH"):
+        load_cluster(HostSource(local=True, ssh_user="ops", transport="ssh"), NO_ENV)
+
+
+def test_a_node_source_wins_over_this_machine() -> None:
+    inv = load_cluster(HostSource(local=True, ips="10.0.0.1"), NO_ENV)
+    assert nodes_of(inv)[0][:2] == ("10.0.0.1", "10.0.0.1")

@@ -14,6 +14,21 @@ import click
 from clusterrun.cli.sources_options import load_nodes, source_options, uses_source
 
 
+def _refuse_unknown_options(head: tuple[str, ...]) -> None:
+    """Unknown options reach ``targets`` (the command's own are kept for it): before ``--`` or in INVENTORY's place
+    they are clusterrun's, mistyped or another tool's (``--nnodes``), and would otherwise become the command."""
+    from clusterrun.errors import UsageError
+
+    flag = next((t.split("=", 1)[0] for t in head if t.startswith("-") and t != "-"), None)
+    if flag is None:
+        return
+    from clusterrun.cli.foreign_flags import explain
+
+    options = {name for param in exec_.params for name in param.opts}
+    raise UsageError(explain(flag, options) or f"no such option: {flag} (clusterrun's options go before `--`; the "
+                     "command follows it)")
+
+
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True,
                                  "help_option_names": ["-h", "--help"], "max_content_width": 100},
                epilog="""\b
@@ -41,6 +56,7 @@ def exec_(targets: tuple[str, ...], fold: bool, timeout: float | None, **sources
     from clusterrun.errors import UsageError
 
     targets = tuple(targets)
+    _refuse_unknown_options(targets[:targets.index("--")] if "--" in targets else targets[:1])
     inventory = None
     if not uses_source(sources):
         if not targets:

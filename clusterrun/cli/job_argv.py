@@ -5,9 +5,14 @@ as typed (``--timeout 30``, ``-q``, ``-m foo`` and ``~/data`` included), so a sc
 share a name with one of clusterrun's is never taken. A ``--`` right after SCRIPT is dropped (it used to be the
 way to pass such options); one anywhere else in the script's arguments is passed on.
 
+Without INVENTORY and without --ips/--hostfile/--slurm, a first positional that names a script (``train.py``, or
+a module after ``-m``) is SCRIPT, and the job runs on this machine, as with torchrun and paddle.distributed.launch
+(``clusterrun up --devices=0,1 train.py --lr=0.01``).
+
 Before SCRIPT, the spellings users bring from torchrun, fleetrun and DeepSpeed are understood
 (``--nproc_per_node 2``, ``--nproc-per-node gpu``, ``--devices 0,1``, ``--num_gpus 4``), the ones clusterrun
-derives (``--nnodes``, ``--node_rank``, ``--master_addr``, rendezvous flags) are refused with the reason, and an
+derives (``--nnodes``, ``--node_rank``, ``--master_addr``, rendezvous flags) are refused with the reason, other
+launchers' flags get clusterrun's equivalent (the table in :mod:`clusterrun.cli.foreign_flags`), and any other
 unknown option is an error that suggests the nearest one, instead of being taken for SCRIPT.
 """
 
@@ -17,31 +22,25 @@ import difflib
 
 import click
 
-# Other launchers' spellings of clusterrun's options.
-ALIASES = {
-    "--nproc_per_node": "--nproc-per-node",
-    "--num_gpus": "--nproc-per-node", "--num-gpus": "--nproc-per-node",  # DeepSpeed: processes per node
-    "--master_port": "--master-port",
-    "--devices": "--gpus",  # fleetrun
-    "--env_forward": "--env-forward", "--runs_dir": "--runs-dir", "--data_nic": "--data-nic",
-    "--ssh_user": "--ssh-user", "--ssh_config": "--ssh-config",
-}
+from clusterrun.cli.foreign_flags import ALIASES, DERIVED, SINGLE_DASH, explain
+
 # torchrun's values for "one process per GPU": clusterrun's default already.
 AUTO_NPROC = ("gpu", "auto")
-# What clusterrun works out itself: given by hand, it would contradict the plan.
-_NODES = "clusterrun counts the nodes it is given (inventory, --ips, --hostfile, --slurm); --nodes picks some of them"
-_RANK = "each node's rank is its place in the node list (the first is 0); `node_rank` in the inventory pins ranks"
-_MASTER = ("the master is rank 0's node on the data network: list the node you want first (or pin `node_rank: 0`); "
-           "--data-nic chooses the network")
-_RDZV = "clusterrun sets the rendezvous itself (rank 0's data address and --master-port)"
-DERIVED = {
-    "--nnodes": _NODES, "--num_nodes": _NODES, "--num-nodes": _NODES,
-    "--node_rank": _RANK, "--node-rank": _RANK,
-    "--master_addr": _MASTER, "--master-addr": _MASTER,
-    "--rdzv_endpoint": _RDZV, "--rdzv-endpoint": _RDZV, "--rdzv_backend": _RDZV, "--rdzv-backend": _RDZV,
-    "--rdzv_id": _RDZV, "--rdzv-id": _RDZV,
-    "--standalone": "a one-machine run is the local inventory: clusterrun up inventories/localhost.yaml SCRIPT",
-}
+#: ctx.meta key: True when the command line names no nodes and SCRIPT comes first (a run on this machine).
+LOCAL_KEY = "clusterrun.this_machine"
+_INVENTORY_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def names_script(token: str, module: bool) -> bool:
+    """Whether ``token``, the first positional argument of a command line that names no nodes (no
+    --ips/--hostfile/--slurm), is SCRIPT rather than INVENTORY: a file name ending in ``.py``, or, after ``-m``, a
+    module name (no existing file, no inventory suffix). SCRIPT first means: run on this machine, as torchrun
+    and paddle.distributed.launch do."""
+    import os
+
+    if token.endswith(".py"):
+        return True
+    return module and not token.lower().endswith(_INVENTORY_SUFFIXES) and not os.path.isfile(token)
 
 
 def _options(command: click.Command) -> dict[str, bool]:
@@ -67,27 +66,37 @@ def split(command: click.Command, args: list[str],
     them as the script's)`` of ``args``.
 
     ``sources``: the options that name the nodes (``--ips``...): with one of them, SCRIPT is the first
-    positional, otherwise the second (after INVENTORY). Raises :class:`clusterrun.errors.UsageError` for an unknown or a
-    derived option before SCRIPT.
+    positional; without, too when :func:`names_script` says the first positional is SCRIPT (this machine),
+    otherwise SCRIPT is the second (after INVENTORY). Raises :class:`clusterrun.errors.UsageError` for an unknown or
+    a derived option before SCRIPT.
     """
     table = _options(command)
     ours: list[str] = []
     positionals: list[str] = []
     seen_source = False
+
+    def script_at() -> int:  # how many positionals up to and including SCRIPT
+        first = positionals[0] if positionals else None
+        return 1 if seen_source or (first is not None and names_script(first, "-m" in ours or "--module" in ours)) else 2
+
     i = 0
     while i < len(args):
         token = args[i]
         i += 1
         if token == "--":  # the end of clusterrun's options: the rest are positionals, then the script's
             rest = args[i:]
-            need = (1 if seen_source else 2) - len(positionals)
+            if not positionals and rest:
+                positionals.append(rest.pop(0))
+            need = script_at() - len(positionals)
             positionals += rest[:max(need, 0)]
             return ours, positionals, *_script_args(rest[max(need, 0):])
         if not token.startswith("-") or token == "-":
             positionals.append(token)
-            if len(positionals) == (1 if seen_source else 2):
+            if len(positionals) == script_at():
                 return ours, positionals, *_script_args(args[i:])
             continue
+        if token in SINGLE_DASH:  # mpirun's -np and -npernode: whole words, not -n with a value
+            raise _usage(explain(token, table) or f"no such option: {token}")
         if not token.startswith("--") and len(token) > 2 and not table.get(token[:2], True):
             # -qm: flags written together; a value-taking one ends the group (-qeKEY=V)
             args[i - 1:i] = [token[:2], "-" + token[2:]]
@@ -95,9 +104,12 @@ def split(command: click.Command, args: list[str],
             continue
         name, eq, value = token.partition("=") if token.startswith("--") else (token[:2], "", token[2:])
         if name in DERIVED:
-            raise _usage(f"{name}: clusterrun sets this itself; {DERIVED[name]}")
+            raise _usage(explain(name, table) or name)
         name = ALIASES.get(name, name)
         if name not in table:
+            known = explain(name, table)
+            if known:
+                raise _usage(known)
             near = difflib.get_close_matches(name, [n for n in table if n.startswith("--")], n=1)
             hint = f"; did you mean {near[0]}?" if near else ""
             raise _usage(f"no such option: {token.split('=')[0]}{hint} (clusterrun's options go before SCRIPT; "
@@ -162,6 +174,8 @@ class JobCommand(click.Command):
         if any(a in ("-h", "--help") for a in self._before_script(args)):
             return super().parse_args(ctx, args)
         ours, positionals, script_args, explicit = split(self, list(args), self.source_flags)
+        ctx.meta[LOCAL_KEY] = bool(positionals) and not any(flag in ours for flag in self.source_flags) and \
+            names_script(positionals[0], "-m" in ours or "--module" in ours)
         moved = [] if explicit else moved_options(self, script_args)
         if moved:
             click.echo(f"clusterrun: note: {', '.join(moved)} after SCRIPT {'go' if len(moved) > 1 else 'goes'} to "

@@ -47,11 +47,17 @@ def job_options(func: F) -> F:
     return source_options(func)
 
 
-def split_targets(targets: tuple[str, ...], sources: dict[str, Any]) -> tuple[Path | None, str, tuple[str, ...]]:
-    """(INVENTORY or None, SCRIPT, ARGS) from the positional arguments."""
+def split_targets(targets: tuple[str, ...], sources: dict[str, Any],
+                  this_machine: bool = False) -> tuple[Path | None, str, tuple[str, ...]]:
+    """(INVENTORY or None, SCRIPT, ARGS) from the positional arguments. ``this_machine``: the command line names
+    no nodes and SCRIPT comes first (:func:`clusterrun.cli.job_argv.names_script`); ``sources["local"]`` is then set,
+    and the job runs on this machine."""
     from clusterrun.errors import UsageError
 
     targets = tuple(targets)
+    if this_machine and targets and not uses_source(sources):
+        sources["local"] = True
+        return None, targets[0], targets[1:]
     # os.path.isfile, unlike Path.is_file, is False for any value no file can have (too long, a NUL).
     if sources.get("slurm") and (sources["slurm"].endswith(".py") or os.path.isfile(sources["slurm"])):
         # `--slurm train.py`: the bare flag took the script as its value.
@@ -63,7 +69,8 @@ def split_targets(targets: tuple[str, ...], sources: dict[str, Any]) -> tuple[Pa
     if len(targets) < 2:
         what = "INVENTORY and SCRIPT" if not targets else "SCRIPT"
         raise UsageError(f"missing {what}: give an inventory file and a script (clusterrun up cluster.yaml train.py), "
-                         "or the nodes with --ips/--hostfile/--slurm")
+                         "the nodes with --ips/--hostfile/--slurm, or a script alone to run on this machine "
+                         "(clusterrun up train.py)")
     return Path(targets[0]), targets[1], targets[2:]
 
 
@@ -149,7 +156,11 @@ def with_job(func: F) -> F:
         sources = {"ips": ips, "hostfile": hostfile, "slurm": slurm, "gpus": gpus, "ssh_user": ssh_user,
                    "ssh_config": ssh_config, "node_python": node_python, "data_nic": data_nic,
                    "node_pattern": node_pattern}
-        inventory, script, script_args = split_targets(targets, sources)
+        from clusterrun.cli.job_argv import LOCAL_KEY
+
+        ctx = click.get_current_context(silent=True)
+        this_machine = bool(ctx is not None and ctx.meta.get(LOCAL_KEY))
+        inventory, script, script_args = split_targets(targets, sources, this_machine)
         inv, plan = build_job(inventory, script, script_args, module=module, nproc_per_node=nproc_per_node,
                               master_port=master_port, env=env, runs_dir=runs_dir, sync_dir=sync_dir,
                               env_forward=env_forward, sources=sources)

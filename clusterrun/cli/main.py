@@ -105,6 +105,17 @@ def _exit_without_waiting(code: int) -> None:
     os._exit(code)
 
 
+def _explain_foreign(exc: click.NoSuchOption) -> None:
+    """Another launcher's flag (``doctor --nnodes 2``): click's message becomes clusterrun's equivalent."""
+    from clusterrun.cli.foreign_flags import explain
+
+    command = exc.ctx.command if exc.ctx is not None else None
+    options = {name for param in (command.params if command else []) for name in param.opts}
+    text = explain(exc.option_name, options)
+    if text:
+        exc.message, exc.possibilities = text, None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; clusterrun's own errors become a message on stderr and their exit code."""
     from clusterrun.errors import ClusterrunError
@@ -121,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("clusterrun: aborted", err=True)
         _exit_without_waiting(130)
         return 130
+    except click.NoSuchOption as exc:
+        _explain_foreign(exc)
+        exc.show()
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

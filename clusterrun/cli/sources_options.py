@@ -27,13 +27,14 @@ def _remember_transport(ctx: click.Context, _param: click.Parameter, value: str 
 def source_options(func: F) -> F:
     options = [
         click.option("--ips", metavar="HOSTS", help="Nodes without an inventory: 10.0.0.1,10.0.0.2 (host or "
-                     "host:port, names or addresses); the first is node_rank 0."),
+                     "host:port with port 22 or from 1024, names or addresses); the first is node_rank 0."),
         click.option("--hostfile", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
                      help="Nodes from a DeepSpeed/MPI hostfile (`worker-1 slots=4`); slots sets processes per node."),
         click.option("--slurm", is_flag=False, flag_value="", default=None, metavar="[NODELIST]",
                      help="Nodes from a Slurm host list (gpu[01-04]); alone, from SLURM_JOB_NODELIST."),
-        click.option("--gpus", metavar="LIST", help="With --ips/--hostfile/--slurm: GPU indices on every node, "
-                     "e.g. 0,1,2,3 or 0-7 (default: every GPU each node sees, one process each)."),
+        click.option("--gpus", metavar="LIST", help="With --ips/--hostfile/--slurm (or SCRIPT alone: this "
+                     "machine): GPU indices on every node, e.g. 0,1,2,3 or 0-7 (default: every GPU each node sees, "
+                     "one process each)."),
         click.option("--ssh-user", metavar="USER", help="With --ips/--hostfile/--slurm: the SSH user."),
         click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="FILE",
                      help="With --ips/--hostfile/--slurm: an ssh_config to read instead of ~/.ssh/config."),
@@ -60,9 +61,9 @@ def load_nodes(inventory: Path | None, *, ips: str | None = None, hostfile: Path
                slurm: str | None = None, gpus: str | None = None, ssh_user: str | None = None,
                ssh_config: Path | None = None,
                node_python: str | None = None, data_nic: str | None = None, node_pattern: str | None = None,
-               nproc_per_node: int | None = None, transport: str | None = None) -> Any:
-    """The validated Inventory for whichever source was given; ``transport`` defaults to the command's
-    --transport. Raises ClusterrunError."""
+               nproc_per_node: int | None = None, transport: str | None = None, local: bool = False) -> Any:
+    """The validated Inventory for whichever source was given (``local``: this machine alone); ``transport``
+    defaults to the command's --transport. Raises ClusterrunError."""
     from clusterrun.inventory.sources import HostSource, load_cluster
 
     if transport is None:
@@ -70,4 +71,5 @@ def load_nodes(inventory: Path | None, *, ips: str | None = None, hostfile: Path
         transport = ctx.meta.get(_TRANSPORT_KEY) if ctx is not None else None
     return load_cluster(HostSource(inventory=inventory, ips=ips, hostfile=hostfile, slurm=slurm, gpus=gpus,
                                    nproc_per_node=nproc_per_node, ssh_user=ssh_user, ssh_config=ssh_config, python=node_python,
-                                   data_nic=data_nic, nodes=node_pattern, transport=transport))
+                                   data_nic=data_nic, nodes=node_pattern, transport=transport,
+                                   local=local))

@@ -32,6 +32,7 @@ Examples:
   clusterrun up --preflight full cluster.yaml train.py      # doctor's network checks first
   clusterrun up --ips 10.0.0.1,10.0.0.2 --gpus 0,1,2,3 train.py --epochs 3   # no inventory file
   clusterrun up --hostfile hostfile train.py               # DeepSpeed/MPI hostfile
+  clusterrun up --devices=0,1 train.py --lr=0.01           # this machine, as torchrun/paddle do
   clusterrun up --slurm train.py                           # inside a Slurm allocation
   clusterrun up cluster.yaml --nodes 'gpu0[1-2]' train.py  # two nodes of the inventory
   clusterrun up --detach cluster.yaml train.py              # start, print the run id, return
@@ -100,7 +101,8 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     streams every rank's output, and stops every node when a rank fails or on Ctrl-C
     (Ctrl-C twice kills at once). clusterrun's options come before SCRIPT; everything after
     SCRIPT goes to it exactly as typed, as with torchrun. torchrun's --nproc_per_node and
-    fleetrun's --devices are understood.
+    fleetrun's --devices are understood; other launchers' flags are answered with clusterrun's
+    equivalent. SCRIPT alone (no INVENTORY, --ips, --hostfile or --slurm) runs on this machine.
     """
     from clusterrun.cli.render import plan_json, print_plan, print_summary
 

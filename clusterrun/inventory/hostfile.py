@@ -11,7 +11,8 @@ Like DeepSpeed's launcher, a host listed twice or a line that cannot be read is 
 error rather than skipped, and a file with no hosts is an error. Unlike DeepSpeed,
 ``slots=`` may be left out (OpenMPI allows it); ``slots`` and OpenMPI's ``max_slots``
 (also spelled ``max-slots``) must be whole numbers from 1 to :data:`MAX_SLOTS`, and any other
-``key=value`` is an error so that a typo is not silently ignored.
+``key=value`` is an error so that a typo is not silently ignored. PRRTE/OpenMPI's ``^host`` (exclude
+a host) is refused with its line, as is any host that starts with a character no host name starts with.
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ def _parse_host(fields: list[str]) -> str:
     if "=" in fields[0]:
         raise ValueError(f"{brief_repr(' '.join(fields))} has no host name; start the line with the host, "
                          f"like {brief_repr('worker-1 ' + fields[0])}")
+    if fields[0].startswith("^") and len(fields[0]) > 1:
+        # PRRTE/OpenMPI read ^host as "exclude host", from the file's hosts or from a resource manager's
+        # allocation. clusterrun has no allocation to exclude from and runs every host the file lists, so the
+        # line is refused rather than guessed at: deleting a line says the same thing without doubt.
+        raise ValueError(f"{brief_repr(fields[0])}: '^' excludes a host in PRRTE/OpenMPI hostfiles; clusterrun runs "
+                         f"on every host the file lists: delete the line of {brief_repr(fields[0][1:])} (or comment "
+                         "it out with '#'), or pick nodes with --nodes")
     return normalize_host(fields[0])
 
 

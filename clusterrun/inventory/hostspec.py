@@ -33,6 +33,10 @@ _DIGITS_RE = re.compile(r"[0-9]+")
 _GPU_ITEM_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _IPS_EXAMPLE = "10.0.0.1,gpu-02:2222,[fe80::1]:22"
+#: Lowest ``host:PORT`` accepted besides 22. ``host:N`` is how mpirun and Horovod write N slots (processes) on a
+#: host, and slot counts are small numbers; ssh servers listen on 22 or on an unprivileged port (2222, 10022), not
+#: on another port below 1024. So ``b:2`` is refused as a slot count instead of becoming ssh port 2.
+MIN_SSH_PORT = 1024
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ def normalize_host(text: str) -> str:
     zero-width space), a leading ``-`` (ssh would read the name as an option), the
     characters ssh itself refuses in a host name because they are special to a shell (a
     ``ProxyCommand`` gets the name through ``%h``), and ``@`` (a user belongs in
-    ``--ssh-user`` or ssh_config's ``User``), and names longer than :data:`MAX_HOST_LENGTH`.
+    ``--ssh-user`` or ssh_config's ``User``), a first character that is neither a letter, a digit nor ``_``
+    (``^node2``, ``*``, ``./x``: another tool's syntax), and names longer than :data:`MAX_HOST_LENGTH`.
     Nothing is looked up: no DNS, no file.
 
     Returns the host, with IP addresses in canonical form (``FE80:0::1`` -> ``fe80::1``)
@@ -97,6 +102,11 @@ def normalize_host(text: str) -> str:
     if "@" in text:
         raise ValueError(f"host {text!r} holds '@'; give the host alone and the user with --ssh-user "
                          "or User in ~/.ssh/config")
+    if not (text[0].isalnum() or text[0] == "_"):
+        # No host name, address or ssh_config alias in use starts so: such a name is another tool's syntax
+        # (PRRTE's ^host exclusion, a glob, a path), which ssh would only fail to resolve.
+        raise ValueError(f"host {text!r} starts with {text[0]!r}, which no host name does; a host name starts "
+                         "with a letter or a digit")
     shell = sorted({ch for ch in text if ch in _SHELL_CHARS})
     if shell:
         raise ValueError(f"host {text!r} holds {', '.join(map(repr, shell))}, which ssh refuses in a host name; "
@@ -110,8 +120,9 @@ def parse_ips(value: str, flag: str = "--ips") -> list[HostSpec]:
 
     Whitespace around items is ignored. Returns the hosts in the order given.
     Raises :class:`UsageError` naming ``flag`` and the item for: an empty value or item, an
-    invalid host, a port that is not a number from 1 to 65535, or the same host and port
-    twice (host names compared case-insensitively).
+    invalid host, a port that is not a number from 1 to 65535, a port below :data:`MIN_SSH_PORT`
+    other than 22 (mpirun's ``host:slots``), or the same host and port twice (host names compared
+    case-insensitively).
     """
     if not value.strip():
         raise UsageError(f"{flag}: no hosts given; list them separated by commas, like {flag} {_IPS_EXAMPLE}")
@@ -169,6 +180,12 @@ def _parse_port(text: str, item: str, flag: str) -> int:
     if not 1 <= port <= 65535:
         raise UsageError(f"{flag}: {shown}: port {_clipped(text.lstrip('0') or '0')} is out of range; "
                          "use a port from 1 to 65535")
+    if port < MIN_SSH_PORT and port != 22:
+        host = item[:len(item) - len(text) - 1]
+        raise UsageError(f"{flag}: {item}: MPI's slot count? clusterrun takes processes per node from "
+                         f"--nproc-per-node (or a hostfile's slots=N); an ssh port is written {host}:2222 (ports "
+                         f"below {MIN_SSH_PORT} other than 22 are taken for slot counts; for sshd on one, set Port "
+                         "in ssh_config)")
     return port
 
 

@@ -60,6 +60,7 @@ class HostSource:
     data_nic: str | None = None  # --data-nic NAME or CIDR -> network.data
     nodes: str | None = None  # --nodes PATTERN: subset by name glob, Slurm hostlist, or label=VALUE
     transport: str | None = None  # --transport ssh|srun; None: srun for --slurm inside an allocation, else ssh
+    local: bool = False  # SCRIPT alone (no INVENTORY, --ips, --hostfile or --slurm): this machine, no SSH
 
 
 def load_cluster(src: HostSource, environ: Mapping[str, str] = os.environ) -> Inventory:
@@ -149,6 +150,8 @@ def _load_all(src: HostSource, environ: Mapping[str, str]) -> tuple[Inventory, s
     """The whole inventory of ``src`` (before ``--nodes``) and a label for it."""
     given = [flag for flag, value in (("INVENTORY", src.inventory), ("--ips", src.ips),
                                        ("--hostfile", src.hostfile), ("--slurm", src.slurm)) if value is not None]
+    if src.local and not given:
+        return _this_machine(src), "this machine"
     if not given:
         raise UsageError("no nodes given: pass an INVENTORY file, or --ips HOSTS, --hostfile FILE or "
                          "--slurm [NODELIST]")
@@ -177,6 +180,17 @@ def _load_all(src: HostSource, environ: Mapping[str, str]) -> tuple[Inventory, s
         flag = label = "--slurm" if src.slurm else "SLURM_JOB_NODELIST"
         hosts = [(h, None, None) for h in _slurm_hosts(src.slurm or environ.get("SLURM_JOB_NODELIST", ""), flag)]
     return _one_liner(src, flag, hosts, _transport(src, environ)), label
+
+
+def _this_machine(src: HostSource) -> Inventory:
+    """One local node (no SSH), as ``inventories/localhost.yaml`` has it, with the one-liner's --gpus,
+    --nproc-per-node, --python and --data-nic; what only applies to remote nodes is refused."""
+    remote = [flag for flag, value in (("--ssh-user", src.ssh_user), ("--ssh-config", src.ssh_config),
+                                       ("--transport", src.transport)) if value is not None]
+    if remote:
+        raise UsageError(f"{', '.join(remote)} only apply to remote nodes; SCRIPT alone runs on this machine without "
+                         "SSH (name the nodes with --ips, --hostfile, --slurm or an INVENTORY file)")
+    return _one_liner(src, "--gpus", [("127.0.0.1", None, None)], "local", names=["localhost"])
 
 
 def _transport(src: HostSource, environ: Mapping[str, str]) -> str:
@@ -217,7 +231,7 @@ def _slurm_hosts(nodelist: str, flag: str) -> list[str]:
 
 
 def _one_liner(src: HostSource, flag: str, hosts: list[tuple[str, int | None, int | None]],
-               transport: str = "ssh") -> Inventory:
+               transport: str = "ssh", names: list[str] | None = None) -> Inventory:
     gpus = list(parse_gpu_list(src.gpus)) if src.gpus is not None else None
     defaults: dict[str, Any] = {"transport": transport}
     ssh: dict[str, Any] = {}
@@ -234,7 +248,7 @@ def _one_liner(src: HostSource, flag: str, hosts: list[tuple[str, int | None, in
     if src.nproc_per_node is not None:
         defaults["nproc_per_node"] = src.nproc_per_node
     nodes: list[dict[str, Any]] = []
-    for name, (host, port, slots) in zip(_node_names([(h, p) for h, p, _ in hosts]), hosts, strict=True):
+    for name, (host, port, slots) in zip(names or _node_names([(h, p) for h, p, _ in hosts]), hosts, strict=True):
         node: dict[str, Any] = {"name": name, "host": host}
         if port is not None:
             node["ssh"] = {"port": port}
