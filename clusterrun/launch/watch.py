@@ -7,14 +7,14 @@ rank 0 and the next node in the ring, so every node is watched by at least one o
 all), and, when paths are reported lost, which node is at fault. A dead NIC makes every path through
 it fail, seen from both ends: after the first loss the verdict waits ``settle`` seconds for the others,
 then blames the node that appears in the most lost paths (the reporting node on a tie: its own paths
-failed). The verdict names the node, its NIC, the peer it stopped reaching and when.
+failed; the rule is :func:`clusterrun.launch.blame.at_fault`, shared with the check before the start). The
+verdict names the node, its NIC, the peer it stopped reaching and when.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +22,7 @@ from typing import Any
 
 from clusterrun.facts.flight import digest as flight_digest
 from clusterrun.facts.stacks import digest
+from clusterrun.launch.blame import at_fault
 from clusterrun.remote import protocol
 
 SETTLE = 2.0  # seconds to gather the other ends' reports of a failure before naming a node
@@ -113,15 +114,7 @@ class PathWatchState:
         self.pending, self.due = [], None
         if not losses:
             return None
-        count = Counter(n for p in losses for n in (p.node, p.peer))
-        top = max(count.values())
-        reporters = Counter(p.node for p in losses)
-        # The most involved node; on a tie, one that clusterrun cannot hear either (it is down, not just its data
-        # path), else the one that reported the most losses (its own paths failed).
-        candidates = [n for n, c in count.items() if c == top]
-        candidates = [n for n in candidates if n in silent] or candidates
-        best = max(reporters[n] for n in candidates)
-        tied = sorted((n for n in candidates if reporters[n] == best), key=list(self.order).index)
+        tied = at_fault(((p.node, p.peer) for p in losses), self.order, silent)
         culprit = tied[0]
         self.blamed.update(tied)
         # Its own path to rank 0's node first (every rank depends on it), then by node rank: the same words each time.
