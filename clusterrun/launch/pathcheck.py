@@ -6,7 +6,7 @@ data address. The nodes' agents, already started and waiting for the job, do it:
 started for the check, and all nodes at once cost about one round trip for any cluster size. A node
 that cannot reach the master (or that rank 0 cannot reach) is named with its NIC and address,
 and nothing is started: the alternative is an NCCL or Gloo hang minutes later. When paths are dead, the
-workers also ping each other, and the watch's rule (:func:`clusterrun.launch.blame.at_fault`) names one suspect
+workers also ping each other, and the watch's rule (:func:`clusterrun.launch.watch.at_fault`) names one suspect
 where the evidence points at one: the master's NIC once when no worker reaches it, not each worker's.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from clusterrun.agents.link import AgentLink
 from clusterrun.errors import ClusterrunError
-from clusterrun.launch.blame import Path, at_fault
+from clusterrun.launch.watch import Link, at_fault
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import session
 
@@ -129,10 +129,10 @@ def quick_check(plan: LaunchPlan, links: Mapping[str, AgentLink]) -> PathReport:
 
 
 def _paths(master: NodePlan, others: list[NodePlan], answers: Mapping[str, Mapping[str, object]],
-           pinged: Mapping[str, object]) -> tuple[list[Path], list[Path]]:
+           pinged: Mapping[str, object]) -> tuple[list[Link], list[Link]]:
     """The data paths found dead (no connection and no ping reply, or no ping reply back) and found working."""
-    lost: list[Path] = []
-    working: list[Path] = []
+    lost: list[Link] = []
+    working: list[Link] = []
     for node in others:
         answer = answers.get(node.name)
         if answer is not None and answer.get("tcp") is None:
@@ -146,7 +146,7 @@ def _paths(master: NodePlan, others: list[NodePlan], answers: Mapping[str, Mappi
 
 
 def _ring_pings(plan: LaunchPlan, links: Mapping[str, AgentLink], answers: Mapping[str, object],
-                lost: list[Path], working: list[Path]) -> None:
+                lost: list[Link], working: list[Link]) -> None:
     """Only when a path is dead: each worker pings the next worker, so that a dead master NIC is told from a dead
     worker NIC (the workers reach each other) at the cost of one more round, on failure only."""
     workers = [n for n in plan.nodes if n is not plan.master and n.name in answers]
@@ -169,8 +169,8 @@ def _ring_pings(plan: LaunchPlan, links: Mapping[str, AgentLink], answers: Mappi
             (working if got[peer.data_address] == "ok" else lost).append((node.name, peer.name))
 
 
-def _name_suspect(plan: LaunchPlan, lost: list[Path], working: list[Path], report: PathReport) -> None:
-    """One node named when the dead paths point at it (:func:`clusterrun.launch.blame.at_fault`, the watch's rule):
+def _name_suspect(plan: LaunchPlan, lost: list[Link], working: list[Link], report: PathReport) -> None:
+    """One node named when the dead paths point at it (:func:`clusterrun.launch.watch.at_fault`, the watch's rule):
     the master's NIC once, in place of one line per worker that cannot reach it; a worker's line gets the evidence."""
     master = plan.master
     suspects = at_fault(lost, [n.name for n in plan.nodes], working=working)
