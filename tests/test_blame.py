@@ -80,3 +80,10 @@ def test_two_nodes_keep_each_ones_own_words() -> None:
     plan = plan_of(2)
     report = judged(plan, {"n1": DEAD}, {"n1": "failed"}, [])
     assert list(report.problems) == ["n1"] and report.suspect is None
+
+
+def test_the_master_is_not_blamed_while_some_workers_reach_it() -> None:
+    plan = plan_of(4)
+    report = judged(plan, {"n1": DEAD, "n2": DEAD, "n3": OK}, {"n1": "failed", "n2": "failed", "n3": "ok"},
+                    [(("n1", "n2"), True), (("n2", "n3"), True), (("n3", "n1"), True)])
+    assert sorted(report.problems) == ["n1", "n2"] and report.suspect is None

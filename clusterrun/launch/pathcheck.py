@@ -177,30 +177,29 @@ def _name_suspect(plan: LaunchPlan, lost: list[Link], working: list[Link], repor
     if len(suspects) != 1:
         return  # two nodes that lost each other: which end is at fault cannot be told; each says what it saw
     suspect = suspects[0]
-    report.suspect = suspect
     workers = [n.name for n in plan.nodes if n is not master]
-    to_master = [w for w in workers if (w, master.name) in lost]
     among = [p for p in lost + working if master.name not in p]
-    peers_ok = bool(among) and all(p in working for p in among)
     if suspect != master.name:
-        others_ok = [w for w in workers if w != suspect and (w, master.name) in working]
-        evidence = ([f"the other workers reach {master.name}"] if others_ok else []) + [
+        others = [w for w in workers if w != suspect]
+        evidence = ([f"the other workers reach {master.name}"]
+                    if others and all((w, master.name) in working for w in others) else []) + [
             f"{peer} gets no ping reply from it" for peer, end in lost if end == suspect and peer != master.name]
-        if suspect in report.problems and evidence:
-            report.problems[suspect] += f" ({'; '.join(evidence)})"
+        if suspect in report.problems:
+            report.suspect = suspect
+            if evidence:
+                report.problems[suspect] += f" ({'; '.join(evidence)})"
         return
-    if len(to_master) < 2:
-        return
+    if not all((w, master.name) in lost for w in workers):
+        return  # some workers reach the master: its NIC works; each worker that does not says so
     back = [w for w in workers if (master.name, w) in lost]
-    evidence = [("no worker reaches it" if len(to_master) == len(workers) else
-                 f"{len(to_master)} of {len(workers)} workers do not reach it ({', '.join(to_master)})")
-                + " (no connection to the master port, no ping reply)"]
+    evidence = ["no worker reaches it (no connection to the master port, no ping reply)"]
     if back:
         evidence.append("it gets no ping reply from " + ("any worker" if len(back) == len(workers)
                                                          else ", ".join(back)))
-    if peers_ok:
+    if among and all(p in working for p in among):
         evidence.append("the workers reach each other")
-    for name in set(to_master) | set(back):
+    for name in workers:
         report.problems.pop(name, None)  # explained by the master's NIC
+    report.suspect = master.name
     report.problems[master.name] = (f"its data NIC {_where(master)} is the suspect: {'; '.join(evidence)}; check "
                                     "that NIC, its cable, switch port and VLAN, or run `clusterrun doctor`")
