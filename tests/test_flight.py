@@ -28,6 +28,35 @@ def test_the_rank_that_never_called_the_collective_is_named() -> None:
     assert flight_facts.digest(real_dumps("stuck")) == [
         "default_pg: ranks 0-2 wait in all_reduce #4; rank 3 never called it (last collective: all_reduce #3)"
         "   <- the one to look at"]
+    assert flight_facts.behind(real_dumps("stuck")) == [3]
+
+
+def test_a_rank_that_has_called_no_collective_yet_is_named_not_every_rank_in_it() -> None:
+    """Rank 3 sleeps before its first collective: its dump holds no process group at all (real torch 2.13)."""
+    lines = flight_facts.digest(real_dumps("first"))
+    assert lines == ["default_pg: ranks 0-2 wait in all_reduce #1; rank 3 never called it (last collective: none)"
+                     "   <- the one to look at"]
+    assert not any("no rank is missing" in line for line in lines)
+    assert flight_facts.behind(real_dumps("first")) == [3]
+
+
+def test_a_rank_missing_from_the_dumps_is_named() -> None:
+    dumps = {r: d for r, d in real_dumps("first").items() if r != 3}
+    lines = flight_facts.digest(dumps, ranks=range(4))
+    assert lines == ["default_pg: ranks 0-2 wait in all_reduce #1; rank 3 gave no flight recorder dump, so whether "
+                     "they called it is unknown", "rank 3: no flight recorder dump came back"]
+    assert flight_facts.behind(dumps, ranks=range(4)) == []  # no evidence against it: not blamed
+
+
+def test_every_rank_in_a_collective_that_does_not_complete_suspects_the_network() -> None:
+    dumps = {r: d for r, d in real_dumps("first").items() if r != 3}
+    assert flight_facts.digest(dumps) == ["default_pg: every rank is in all_reduce #1 and it does not complete: no "
+                                          "rank is missing from it; suspect the network or one rank's device"]
+
+
+def test_no_collective_in_any_dump_is_said_so() -> None:
+    assert flight_facts.digest({3: real_dumps("first")[3]}) == [
+        "no rank has called a collective yet: they are stuck before the first one"]
 
 
 def test_a_desync_names_who_called_what() -> None:

@@ -140,6 +140,43 @@ def test_hang_gets_every_ranks_stack_and_names_the_stuck_one(sim_cluster: SimClu
     assert [e["kind"] for e in st["events"] if e["kind"].startswith("hang")] == ["hang", "hang-stacks",
                                                                                 "hang-collectives"]
     assert st["first_failure"]["detail"].startswith("hung: no rank printed anything")
+    assert (st["first_failure"]["node"], st["first_failure"]["rank"]) == ("node1", 3)
+    assert_nothing_left(sim_cluster, run.name)
+
+
+STUCK_BEFORE_ANY_COLLECTIVE = """
+import time
+print("importing torch", flush=True)
+import torch, torch.distributed as dist
+
+def stuck_here():
+    time.sleep(300)
+
+dist.init_process_group("gloo")
+print("joined", dist.get_rank(), flush=True)
+if dist.get_rank() == 3:
+    stuck_here()
+dist.all_reduce(torch.ones(8))
+"""
+
+
+def test_a_hang_before_any_collective_names_the_stuck_rank_everywhere(sim_cluster: SimCluster,
+                                                                       tmp_path: Path) -> None:
+    """Rank 3 sleeps before its first collective: its flight recorder holds nothing. The stacks, the flight
+    recorder and the run's first failure all name rank 3 on node1 (not "no rank is missing", not the master)."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=2)
+    (tmp_path / "first.py").write_text(STUCK_BEFORE_ANY_COLLECTIVE)
+    done = run_clusterrun("up", "--hang-timeout", "10", "--on-hang", "stop", str(inv), "first.py", cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "rank 3 in stuck_here (first.py:7)   <- the odd one out" in done.stderr, done.stderr
+    assert ("default_pg: ranks 0-2 wait in all_reduce #1; rank 3 never called it (last collective: none)"
+            in done.stderr), done.stderr
+    assert "no rank is missing" not in done.stderr
+    assert "node1 rank 3: hung: no rank printed anything" in done.stderr
+    run = the_run(tmp_path)
+    st = status(run)
+    assert (st["first_failure"]["node"], st["first_failure"]["rank"]) == ("node1", 3)
     assert_nothing_left(sim_cluster, run.name)
 
 

@@ -46,8 +46,10 @@ def test_digest_groups_ranks_and_marks_the_odd_one_out() -> None:
         "rank 5 in stuck_here (hang.py:7)   <- the odd one out",
         "rank 9: no stack could be read",
     ]
+    assert stacks.odd_ones(dumps) == [5]  # the rank the hang's verdict falls on
 
 
 def test_no_odd_one_out_without_a_majority() -> None:
     lines = stacks.digest({0: real("pyspy_rank0_all_reduce.txt"), 1: real("pyspy_rank1_stuck.txt")})
     assert lines == ["rank 0 in all_reduce (hang.py:16)", "rank 1 in stuck_here (hang.py:7)"]
+    assert stacks.odd_ones({0: real("pyspy_rank0_all_reduce.txt"), 1: real("pyspy_rank1_stuck.txt")}) == []

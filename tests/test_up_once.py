@@ -101,6 +101,38 @@ def test_a_firewalled_master_port_is_told_from_a_dead_path(sim_cluster: SimClust
     assert not wait_no_agents(sim_cluster, 3)
 
 
+def test_a_dead_master_data_nic_is_named_once_not_each_workers(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    """Rank 0's data NIC drops everything: no worker reaches the master, the master reaches no worker, the workers
+    reach each other. One suspect, the master's NIC, with that evidence; no worker's NIC is blamed."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 3, nproc=1)
+    (tmp_path / "worker.py").write_text("")
+    sim_cluster.drop_nic("node0", "data")
+    done = run_clusterrun("up", "--master-port", str(PORT), str(inv), "worker.py", cwd=tmp_path)
+    assert done.returncode == 125, done.stderr
+    master = sim_cluster.nodes[0]
+    assert done.stderr.count(f"  node0: its data NIC {master.data_nic} ({master.data_ip}) is the suspect: no worker "
+                             "reaches it") == 1, done.stderr
+    assert "it gets no ping reply from any worker; the workers reach each other" in done.stderr
+    assert "1 problem(s)" in done.stderr and "this NIC or the path to the master" not in done.stderr
+    assert json.loads((the_run(tmp_path) / "preflight.json").read_text())["suspect"] == "node0"
+    assert not wait_no_agents(sim_cluster, 3)
+
+
+def test_a_dead_worker_data_nic_is_that_workers_alone(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 3, nproc=1)
+    (tmp_path / "worker.py").write_text("")
+    sim_cluster.drop_nic("node2", "data")
+    done = run_clusterrun("up", "--master-port", str(PORT), str(inv), "worker.py", cwd=tmp_path)
+    assert done.returncode == 125, done.stderr
+    worker = sim_cluster.nodes[2]
+    assert f"  node2: cannot reach node0's master address {sim_cluster.nodes[0].data_ip}:{PORT} from " \
+           f"{worker.data_nic} ({worker.data_ip})" in done.stderr, done.stderr
+    assert "this NIC or the path to the master is down (the other workers reach node0" in done.stderr
+    assert "1 problem(s)" in done.stderr and "  node0:" not in done.stderr and "  node1:" not in done.stderr
+    assert json.loads((the_run(tmp_path) / "preflight.json").read_text())["suspect"] == "node2"
+    assert not wait_no_agents(sim_cluster, 3)
+
+
 def test_a_python_the_node_lacks_is_named_with_the_fix(sim_cluster: SimCluster, tmp_path: Path) -> None:
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1, python="/opt/nowhere/bin/python3")
     (tmp_path / "worker.py").write_text("")

@@ -1,14 +1,17 @@
-"""The data-path watch: who watches whom, which node a set of lost paths blames, and the probes themselves."""
+"""The data-path watch: who watches whom, which node a set of lost paths blames, and the probes themselves; the
+hang watch's verdict from real stacks and flight recorder dumps."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from clusterrun.launch.watch import DataPathWatch, Endpoint, PathLoss, PathWatchState, StragglerWatch
+from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathLoss, PathWatchState, StragglerWatch
 from clusterrun.remote.pathwatch import PathWatch
+from clusterrun.runs.judge import Failure
 
 
 def _state(n: int) -> PathWatchState:
@@ -179,3 +182,50 @@ def test_the_verdict_names_the_path_to_the_master_whatever_came_first() -> None:
         state.lost(_loss(node, peer), now=100.0)
     verdict = state.verdict(103.0, ended=set())
     assert verdict is not None and verdict.describe().startswith("n2: eth1 stopped reaching n0 (10.0.0.1)")
+
+
+STACKS = Path(__file__).resolve().parent / "fixtures" / "real" / "stacks"
+FLIGHT = Path(__file__).resolve().parent / "fixtures" / "real" / "flight"
+
+
+def _hang(stacks: dict[int, str], flights: dict[int, bytes]) -> tuple[list[Failure], list[str]]:
+    """A HangWatch given the real dumps of a 4-rank job on two nodes (2 ranks each): what it stopped the job with
+    and what it said."""
+    stopped: list[Failure] = []
+    said: list[str] = []
+    hang = HangWatch(10.0, "stop", lambda line: None, lambda rel, data: f"/runs/r1/{rel}", said.append,
+                     lambda event: None, stopped.append, "n0")
+    hang.last_output = 0.0
+    hang.tick(10.0, {"n0", "n1"}, stopping=False)  # the silence: every rank's stack is asked for
+    for rank in range(4):
+        node = f"n{rank // 2}"
+        if rank in stacks:
+            hang.on_stack(node, {"rank": rank, "how": "faulthandler"}, stacks[rank].encode())
+        if rank in flights:
+            hang.on_flight(node, {"rank": rank}, flights[rank])
+    hang.on_done("n0")
+    hang.on_done("n1")
+    hang.tick(11.0, {"n0", "n1"}, stopping=False)
+    return stopped, said
+
+
+def test_a_hang_before_any_collective_fails_the_stuck_ranks_node_and_rank() -> None:
+    waiting = (STACKS / "faulthandler_rank0_all_reduce.txt").read_text()
+    stuck = (STACKS / "faulthandler_rank1_stuck.txt").read_text()
+    flights = {int(p.stem.removeprefix("rank")): p.read_bytes() for p in (FLIGHT / "first").glob("rank*.json")}
+    stopped, said = _hang({0: waiting, 1: waiting, 2: waiting, 3: stuck}, flights)
+    report = said[-1]
+    assert "rank 3 in stuck_here (hang.py:7)   <- the odd one out" in report
+    assert "rank 3 never called it (last collective: none)" in report and "no rank is missing" not in report
+    assert [(f.node, f.rank) for f in stopped] == [("n1", 3)]
+    assert stopped[0].describe().startswith("n1 rank 3: hung: no rank printed anything for 11s")
+
+
+def test_a_hang_the_evidence_pins_on_no_one_rank_stays_on_the_master() -> None:
+    waiting = (STACKS / "faulthandler_rank0_all_reduce.txt").read_text()
+    flights = {int(p.stem.removeprefix("rank")): p.read_bytes() for p in (FLIGHT / "first").glob("rank*.json")}
+    del flights[3]
+    stopped, said = _hang({r: waiting for r in range(4)}, flights)
+    assert "rank 3: no flight recorder dump came back" in said[-1]
+    assert [(f.node, f.rank) for f in stopped] == [("n0", None)]
+    assert stopped[0].describe().startswith("n0: hung: no rank printed anything")

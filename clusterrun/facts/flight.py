@@ -10,11 +10,13 @@ that called different collectives under the same number (a desync).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.facts.stacks import ranks_text
+
+DEFAULT_GROUP = "0"  # torch numbers the default (world) process group 0: every rank is in it
 
 
 @dataclass
@@ -70,9 +72,19 @@ def parse(data: bytes | str) -> dict[str, GroupState] | str:
     return groups
 
 
-def digest(dumps: Mapping[int, bytes | str]) -> list[str]:
+def digest(dumps: Mapping[int, bytes | str], ranks: Collection[int] = ()) -> list[str]:
     """Lines for the terminal: per process group where the ranks disagree, who waits in which collective and
-    who never called it; ranks without a dump are named."""
+    who never called it (a rank whose dump holds no collective of the default group has called none); ranks
+    without a dump, or in ``ranks`` (every rank there should be) but not in ``dumps``, are named."""
+    return _judge(dumps, ranks)[0]
+
+
+def behind(dumps: Mapping[int, bytes | str], ranks: Collection[int] = ()) -> list[int]:
+    """The ranks the others wait for: those that never called a collective the others are in."""
+    return _judge(dumps, ranks)[1]
+
+
+def _judge(dumps: Mapping[int, bytes | str], ranks: Collection[int]) -> tuple[list[str], list[int]]:
     views: dict[int, dict[str, GroupState]] = {}
     missing: dict[str, list[int]] = {}
     for rank, data in dumps.items():
@@ -81,25 +93,41 @@ def digest(dumps: Mapping[int, bytes | str]) -> list[str]:
             missing.setdefault(parsed, []).append(rank)
         else:
             views[rank] = parsed
+    for rank in sorted(set(ranks) - set(dumps)):
+        missing.setdefault("no flight recorder dump came back", []).append(rank)
     lines: list[str] = []
+    late: set[int] = set()
+    unknown = sorted(r for rs in missing.values() for r in rs)
     for gid in sorted({g for view in views.values() for g in view}, key=lambda g: (len(g), g)):
-        lines += _group_lines({rank: view[gid] for rank, view in views.items() if gid in view},
-                              sorted(r for rs in missing.values() for r in rs))
+        absent = sorted(rank for rank, view in views.items() if gid not in view)
+        said, who = _group_lines(gid, {rank: view[gid] for rank, view in views.items() if gid in view}, absent,
+                                 unknown)
+        lines += said
+        late.update(who)
     if views and not lines:
         last = max((s.completed for view in views.values() for s in view.values()), default=-1)
-        lines.append("every collective the ranks called has completed"
-                     + (f" (last #{last})" if last > 0 else "")
-                     + ": they are stuck outside torch.distributed")
-    for why, ranks in sorted(missing.items(), key=lambda kv: min(kv[1])):
-        lines.append(f"{ranks_text(ranks)}: {why}")
-    return lines
+        if not any(views.values()):
+            lines.append("no rank has called a collective yet: they are stuck before the first one")
+        else:
+            lines.append("every collective the ranks called has completed"
+                         + (f" (last #{last})" if last > 0 else "")
+                         + ": they are stuck outside torch.distributed")
+    for why, ranks_without in sorted(missing.items(), key=lambda kv: min(kv[1])):
+        lines.append(f"{ranks_text(ranks_without)}: {why}")
+    return lines, sorted(late)
 
 
-def _group_lines(states: Mapping[int, GroupState], unknown: list[int]) -> list[str]:
+def _group_lines(gid: str, states: dict[int, GroupState], absent: list[int],
+                 unknown: list[int]) -> tuple[list[str], list[int]]:
+    """The lines of one group and the ranks behind in it. ``absent``: ranks whose dump has no record of the group
+    (in the default group, of which every rank is a member: no collective yet; in another, perhaps no member)."""
     top = max(s.enqueued for s in states.values())
     if top <= 0 or all(s.completed >= top for s in states.values()):
-        return []  # nothing outstanding in this group
+        return [], []  # nothing outstanding in this group
     name = next(iter(states.values())).name
+    if gid == DEFAULT_GROUP:
+        states.update({rank: GroupState(name, 0, 0) for rank in absent})
+        absent = []
     inside = sorted(r for r, s in states.items() if s.enqueued == top)
     behind = sorted(r for r, s in states.items() if s.enqueued < top)
     first = states[inside[0]]
@@ -112,15 +140,18 @@ def _group_lines(states: Mapping[int, GroupState], unknown: list[int]) -> list[s
                          for (op, sizes), rs in sorted(calls.items(), key=lambda kv: -len(kv[1])))
         lines.append(f"{name}: collective #{top} differs between ranks (a desync): {said}   <- the code paths "
                      "differ")
-        return lines
-    if not behind and unknown:
-        lines.append(f"{name}: {ranks_text(inside)} {_wait(inside)} in {first.op(top)}; {ranks_text(unknown)} gave no flight "
-                     "recorder dump, so whether they called it is unknown")
-        return lines
+        return lines, []
+    if not behind and (unknown or absent):
+        unsure = ([f"{ranks_text(unknown)} gave no flight recorder dump"] if unknown else []) + (
+            [f"{ranks_text(absent)} {'has' if len(absent) == 1 else 'have'} no record of this group (not in it, "
+             "or no collective in it yet)"] if absent else [])
+        lines.append(f"{name}: {ranks_text(inside)} {_wait(inside)} in {first.op(top)}; {'; '.join(unsure)}, so "
+                     "whether they called it is unknown")
+        return lines, []
     if not behind:
         lines.append(f"{name}: every rank is in {first.op(top)} and it does not complete: no rank is missing "
                      "from it; suspect the network or one rank's device")
-        return lines
+        return lines, []
     line = f"{name}: {ranks_text(inside)} {_wait(inside)} in {first.op(top)}; "
     by_place: dict[int, list[int]] = {}
     for rank in behind:
@@ -130,7 +161,7 @@ def _group_lines(states: Mapping[int, GroupState], unknown: list[int]) -> list[s
         last = states[ranks[0]].op(seq) if seq > 0 else "none"
         parts.append(f"{ranks_text(ranks)} never called it (last collective: {last})")
     lines.append(line + "; ".join(parts) + "   <- the one" + ("s" if len(behind) > 1 else "") + " to look at")
-    return lines
+    return lines, behind
 
 
 def _wait(ranks: list[int]) -> str:

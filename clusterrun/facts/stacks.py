@@ -94,9 +94,9 @@ def ranks_text(ranks: Iterable[int]) -> str:
     return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {compress_numbers(ordered)}"
 
 
-def digest(dumps: Mapping[int, str]) -> list[str]:
-    """One line per place, most ranks first; the places fewer ranks are in than the most common one are marked
-    as the odd ones out (only when one place holds most ranks). Ranks whose dump could not be read are named."""
+def _places(dumps: Mapping[int, str]) -> tuple[list[tuple[str, list[int]]], list[int], int]:
+    """The places ranks are in (most ranks first), the ranks whose stack could not be read, and how many ranks the
+    one place that holds most of them holds (0 when no single place does)."""
     places: dict[str, list[int]] = {}
     unread: list[int] = []
     for rank, text in dumps.items():
@@ -108,11 +108,23 @@ def digest(dumps: Mapping[int, str]) -> list[str]:
     groups = sorted(places.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
     top = len(groups[0][1]) if groups else 0
     clear_majority = len(groups) > 1 and sum(len(g) == top for _, g in groups) == 1
+    return groups, unread, top if clear_majority else 0
+
+
+def odd_ones(dumps: Mapping[int, str]) -> list[int]:
+    """The ranks that are not where most ranks are (none when no one place holds most ranks)."""
+    groups, _unread, top = _places(dumps)
+    return sorted(r for _, ranks in groups if len(ranks) < top for r in ranks)
+
+
+def digest(dumps: Mapping[int, str]) -> list[str]:
+    """One line per place, most ranks first; the places fewer ranks are in than the most common one are marked
+    as the odd ones out (only when one place holds most ranks). Ranks whose dump could not be read are named."""
+    groups, unread, top = _places(dumps)
     lines = []
     for spot, ranks in groups:
-        who = ranks_text(ranks)
-        odd = clear_majority and len(ranks) < top
-        lines.append(f"{who} in {spot}" + ("   <- the odd one out" if odd else ""))
+        odd = len(ranks) < top
+        lines.append(f"{ranks_text(ranks)} in {spot}" + ("   <- the odd one out" if odd else ""))
     if unread:
         lines.append(f"{ranks_text(unread)}: no stack could be read")
     return lines

@@ -5,7 +5,9 @@ to it over the data network, from its own data address, and rank 0's node pings 
 data address. The nodes' agents, already started and waiting for the job, do it: no program is
 started for the check, and all nodes at once cost about one round trip for any cluster size. A node
 that cannot reach the master (or that rank 0 cannot reach) is named with its NIC and address,
-and nothing is started: the alternative is an NCCL or Gloo hang minutes later.
+and nothing is started: the alternative is an NCCL or Gloo hang minutes later. When paths are dead, the
+workers also ping each other, and the watch's rule (:func:`clusterrun.launch.watch.at_fault`) names one suspect
+where the evidence points at one: the master's NIC once when no worker reaches it, not each worker's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 from clusterrun.agents.link import AgentLink
 from clusterrun.errors import ClusterrunError
+from clusterrun.launch.watch import Link, at_fault
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import session
 
@@ -29,10 +32,11 @@ class PathReport:
     seconds: float = 0.0
     problems: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    suspect: str | None = None  # the one node the dead paths point at, when they point at one
 
     def to_dict(self) -> dict[str, object]:
         return {"seconds": round(self.seconds, 3), "passed": not self.problems, "problems": self.problems,
-                "notes": self.notes}
+                "notes": self.notes, "suspect": self.suspect}
 
 
 def _is_ip(text: str) -> bool:
@@ -91,11 +95,13 @@ def quick_check(plan: LaunchPlan, links: Mapping[str, AgentLink]) -> PathReport:
         asked[node.name] = None if sent else "the check could not run: the node agent's connection closed"
     targets = [n.data_address for n in others]
     pinging = links[master.name].send(f"{session.PING} {json.dumps({'addresses': targets, 'timeout': CONNECT_TIMEOUT})}")
+    answers: dict[str, dict[str, object]] = {}
     for node in others:
         problem = asked[node.name]
         if problem is None:
             try:
-                problem = _reach_problem(node, master, port, links[node.name].answer((session.REACHED,), deadline))
+                answers[node.name] = links[node.name].answer((session.REACHED,), deadline)
+                problem = _reach_problem(node, master, port, answers[node.name])
             except ClusterrunError as exc:
                 problem = f"the check could not run: {getattr(exc, 'reason', exc)}"
         if problem:
@@ -114,5 +120,86 @@ def quick_check(plan: LaunchPlan, links: Mapping[str, AgentLink]) -> PathReport:
         if results.get(node.data_address) == "failed" and node.name not in report.problems:
             report.problems[node.name] = (f"{master.name} gets no ping reply from {node.name}'s data address "
                                           f"{_where(node)}")
+    lost, working = _paths(master, others, answers, results)
+    if lost:
+        _ring_pings(plan, links, answers, lost, working)
+        _name_suspect(plan, lost, working, report)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _paths(master: NodePlan, others: list[NodePlan], answers: Mapping[str, Mapping[str, object]],
+           pinged: Mapping[str, object]) -> tuple[list[Link], list[Link]]:
+    """The data paths found dead (no connection and no ping reply, or no ping reply back) and found working."""
+    lost: list[Link] = []
+    working: list[Link] = []
+    for node in others:
+        answer = answers.get(node.name)
+        if answer is not None and answer.get("tcp") is None:
+            working.append((node.name, master.name))
+        elif answer is not None and answer.get("ping") == "failed":
+            lost.append((node.name, master.name))
+        back = pinged.get(node.data_address)
+        if back in ("ok", "failed"):
+            (working if back == "ok" else lost).append((master.name, node.name))
+    return lost, working
+
+
+def _ring_pings(plan: LaunchPlan, links: Mapping[str, AgentLink], answers: Mapping[str, object],
+                lost: list[Link], working: list[Link]) -> None:
+    """Only when a path is dead: each worker pings the next worker, so that a dead master NIC is told from a dead
+    worker NIC (the workers reach each other) at the cost of one more round, on failure only."""
+    workers = [n for n in plan.nodes if n is not plan.master and n.name in answers]
+    if len(workers) < 2:
+        return
+    deadline = time.monotonic() + CONNECT_TIMEOUT + 20
+    asked = []
+    for i, node in enumerate(workers):
+        peer = workers[(i + 1) % len(workers)]
+        question = {"addresses": [peer.data_address], "timeout": CONNECT_TIMEOUT}
+        if links[node.name].send(f"{session.PING} {json.dumps(question)}"):
+            asked.append((node, peer))
+    for node, peer in asked:
+        try:
+            got = links[node.name].answer((session.PINGED,), deadline).get("results") or {}
+        except ClusterrunError:
+            continue  # no evidence either way
+        assert isinstance(got, dict)
+        if got.get(peer.data_address) in ("ok", "failed"):
+            (working if got[peer.data_address] == "ok" else lost).append((node.name, peer.name))
+
+
+def _name_suspect(plan: LaunchPlan, lost: list[Link], working: list[Link], report: PathReport) -> None:
+    """One node named when the dead paths point at it (:func:`clusterrun.launch.watch.at_fault`, the watch's rule):
+    the master's NIC once, in place of one line per worker that cannot reach it; a worker's line gets the evidence."""
+    master = plan.master
+    suspects = at_fault(lost, [n.name for n in plan.nodes], working=working)
+    if len(suspects) != 1:
+        return  # two nodes that lost each other: which end is at fault cannot be told; each says what it saw
+    suspect = suspects[0]
+    workers = [n.name for n in plan.nodes if n is not master]
+    among = [p for p in lost + working if master.name not in p]
+    if suspect != master.name:
+        others = [w for w in workers if w != suspect]
+        evidence = ([f"the other workers reach {master.name}"]
+                    if others and all((w, master.name) in working for w in others) else []) + [
+            f"{peer} gets no ping reply from it" for peer, end in lost if end == suspect and peer != master.name]
+        if suspect in report.problems:
+            report.suspect = suspect
+            if evidence:
+                report.problems[suspect] += f" ({'; '.join(evidence)})"
+        return
+    if not all((w, master.name) in lost for w in workers):
+        return  # some workers reach the master: its NIC works; each worker that does not says so
+    back = [w for w in workers if (master.name, w) in lost]
+    evidence = ["no worker reaches it (no connection to the master port, no ping reply)"]
+    if back:
+        evidence.append("it gets no ping reply from " + ("any worker" if len(back) == len(workers)
+                                                         else ", ".join(back)))
+    if among and all(p in working for p in among):
+        evidence.append("the workers reach each other")
+    for name in workers:
+        report.problems.pop(name, None)  # explained by the master's NIC
+    report.suspect = master.name
+    report.problems[master.name] = (f"its data NIC {_where(master)} is the suspect: {'; '.join(evidence)}; check "
+                                    "that NIC, its cable, switch port and VLAN, or run `clusterrun doctor`")

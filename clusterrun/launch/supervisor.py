@@ -72,8 +72,7 @@ class Supervisor:
         self.hang: HangWatch | None = None
         if self.settings.hang_timeout:
             self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, self._send_running,
-                                  self._save, self.console.info, self._record,
-                                  lambda why: self._fail(Failure(plan.master.name, None, 1, None, f"hung: {why}")))
+                                  self._save, self.console.info, self._record, self._fail, plan.master.name)
         self.stragglers = StragglerWatch(self.console.info, self._record) if plan.nnodes > 1 else None
         self.watch: DataPathWatch | None = None
         if self.settings.path_watch and plan.nnodes > 1:

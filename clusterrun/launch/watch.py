@@ -6,8 +6,10 @@ Pure logic, driven by the supervisor's loop: which node watches which (every nod
 rank 0 and the next node in the ring, so every node is watched by at least one other and the master by
 all), and, when paths are reported lost, which node is at fault. A dead NIC makes every path through
 it fail, seen from both ends: after the first loss the verdict waits ``settle`` seconds for the others,
-then blames the node that appears in the most lost paths (the reporting node on a tie: its own paths
-failed). The verdict names the node, its NIC, the peer it stopped reaching and when.
+then blames the node that appears in the most lost paths. On a tie: a node clusterrun cannot hear either (it is
+down, not just its data path), then a node with no path seen to work, then the one that reported the most losses
+(its own paths failed). That rule, :func:`at_fault`, is also the check before the start's
+(:mod:`clusterrun.launch.pathcheck`). The verdict names the node, its NIC, the peer it stopped reaching and when.
 """
 
 from __future__ import annotations
@@ -15,16 +17,43 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clusterrun.facts.flight import behind
 from clusterrun.facts.flight import digest as flight_digest
-from clusterrun.facts.stacks import digest
+from clusterrun.facts.stacks import digest, odd_ones
 from clusterrun.remote import protocol
+from clusterrun.runs.judge import HUNG, Failure
 
 SETTLE = 2.0  # seconds to gather the other ends' reports of a failure before naming a node
+
+
+#: A path between two nodes: (the node that tried, the node it tried to reach).
+Link = tuple[str, str]
+
+
+def at_fault(lost: Iterable[Link], order: Sequence[str], silent: Collection[str] = (),
+             working: Iterable[Link] = ()) -> list[str]:
+    """The nodes most likely at fault given the ``lost`` paths, for the watch and for the check before the start:
+    best first (by node rank in ``order`` among equals); more than one when the evidence cannot tell them apart,
+    none when nothing was lost. ``silent``: nodes clusterrun itself has not heard from lately; ``working``: paths
+    seen to work (a node with one is not the dead end of the others)."""
+    lost = list(lost)
+    if not lost:
+        return []
+    count = Counter(n for path in lost for n in path)
+    top = max(count.values())
+    candidates = [n for n, c in count.items() if c == top]
+    candidates = [n for n in candidates if n in silent] or candidates
+    fine = {n for path in working for n in path}
+    candidates = [n for n in candidates if n not in fine] or candidates
+    reporters = Counter(path[0] for path in lost)
+    best = max(reporters[n] for n in candidates)
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted((n for n in candidates if reporters[n] == best), key=lambda n: (rank.get(n, len(rank)), n))
 
 
 @dataclass(frozen=True)
@@ -113,15 +142,7 @@ class PathWatchState:
         self.pending, self.due = [], None
         if not losses:
             return None
-        count = Counter(n for p in losses for n in (p.node, p.peer))
-        top = max(count.values())
-        reporters = Counter(p.node for p in losses)
-        # The most involved node; on a tie, one that clusterrun cannot hear either (it is down, not just its data
-        # path), else the one that reported the most losses (its own paths failed).
-        candidates = [n for n, c in count.items() if c == top]
-        candidates = [n for n in candidates if n in silent] or candidates
-        best = max(reporters[n] for n in candidates)
-        tied = sorted((n for n in candidates if reporters[n] == best), key=list(self.order).index)
+        tied = at_fault(((p.node, p.peer) for p in losses), self.order, silent)
         culprit = tied[0]
         self.blamed.update(tied)
         # Its own path to rank 0's node first (every rank depends on it), then by node rank: the same words each time.
@@ -195,17 +216,19 @@ class HangWatch:
 
     ``send_all(line)`` writes a command to every running agent; ``save(relpath, data)`` keeps a file under the
     run directory (runs/<id>/<node>/stack-rank<R>.txt, flight-rank<R>.json) and returns where; ``say``,
-    ``record`` as for :class:`DataPathWatch`; ``stop(reason)`` is called with ``on_hang == "stop"`` once the
-    digest is out.
+    ``record`` as for :class:`DataPathWatch`; ``stop(failure)`` is called with ``on_hang == "stop"`` once the
+    digest is out: the failure is the rank the evidence names, on its node (``master``, rank 0's node, when the
+    evidence names no one rank).
     """
 
     COLLECT_FOR = 30.0  # seconds to wait for every node's dumps
 
     def __init__(self, timeout: float, on_hang: str, send_all: Callable[[str], object],
                  save: Callable[[str, bytes], str], say: Callable[[str], None],
-                 record: Callable[[dict[str, Any]], None], stop: Callable[[str], None]) -> None:
+                 record: Callable[[dict[str, Any]], None], stop: Callable[[Failure], None], master: str) -> None:
         self.timeout, self.on_hang = timeout, on_hang
         self.send_all, self.save, self.say, self.record, self.stop = send_all, save, say, record, stop
+        self.master = master
         self.last_output = time.monotonic()
         self.collecting_since: float | None = None
         self.diagnosed_at: float | None = None  # this silence was diagnosed (a reminder follows every timeout)
@@ -214,6 +237,7 @@ class HangWatch:
         self.done: set[str] = set()
         self.where: list[str] = []
         self.timeout_dumps: list[str] = []
+        self.nodes: dict[int, str] = {}  # rank -> its node, from the dumps
 
     def output(self, now: float) -> None:
         self.last_output = now
@@ -223,6 +247,7 @@ class HangWatch:
 
     def on_stack(self, node: str, event: Mapping[str, Any], payload: bytes) -> None:
         rank, how = int(event.get("rank", -1)), str(event.get("how"))
+        self.nodes[rank] = node
         text = payload.decode("utf-8", errors="replace")
         self.dumps[rank] = text if how != "none" else ""
         header = f"# rank {rank} on {node}, taken with {how} at {time.strftime('%H:%M:%S')}\n"
@@ -232,6 +257,7 @@ class HangWatch:
         """One rank's flight recorder: asked for (JSON, kept for the digest) or dumped by torch's watchdog when
         a collective timed out (torch's own format, for ``torchfrtrace``)."""
         rank = int(event.get("rank", -1))
+        self.nodes.setdefault(rank, node)
         if event.get("format") == "timeout":
             if payload:
                 self.timeout_dumps.append(self.save(f"flight/nccl-rank{rank}", payload))
@@ -275,7 +301,7 @@ class HangWatch:
     def _digest(self, now: float, silent: float) -> None:
         self.collecting_since, self.diagnosed_at = None, now
         lines = digest(self.dumps) if self.dumps else ["no rank's stack could be taken (no worker found)"]
-        collectives = flight_digest(self.flights) if self.flights else []
+        collectives = flight_digest(self.flights, set(self.dumps)) if self.flights else []
         where = sorted({str(Path(p).parent) for p in self.where})
         self.say("where the ranks are:\n" + "\n".join(f"    {line}" for line in lines)
                  + ("\n  in torch.distributed (flight recorder):\n" + "\n".join(f"    {line}" for line in collectives)
@@ -286,8 +312,19 @@ class HangWatch:
         if collectives:
             self.record({"time": time.time(), "node": "-", "kind": "hang-collectives", "text": "; ".join(collectives)})
         if self.on_hang == "stop":
-            self.stop(f"no rank printed anything for {silent:.0f}s (--hang-timeout {self.timeout:g}); "
-                      + "; ".join(line.split("   <- ")[0] for line in lines + collectives))
+            rank = self.suspect()
+            why = (f"no rank printed anything for {silent:.0f}s (--hang-timeout {self.timeout:g}); "
+                   + "; ".join(line.split("   <- ")[0] for line in lines + collectives))
+            node = self.nodes.get(rank) if rank is not None else None
+            self.stop(Failure(node or self.master, rank if node else None, 1, None, f"{HUNG}{why}"))
+
+    def suspect(self) -> int | None:
+        """The one rank the evidence names: the odd one out of the stacks and the rank the others wait for in the
+        flight recorder (the rank both name, when both name some), else None (no evidence, or more than one)."""
+        odd = set(odd_ones(self.dumps))
+        late = set(behind(self.flights, set(self.dumps))) if self.flights else set()
+        named = (odd & late) if odd and late else (odd or late)
+        return named.pop() if len(named) == 1 else None
 
 
 class StragglerWatch:

@@ -53,6 +53,10 @@ def signal_number(name: str | int | None) -> int | None:
         return int(tail) if tail.isdigit() else None
 
 
+#: The start of the detail of a failure found by ``--hang-timeout`` (the rank did not exit: the job was stopped).
+HUNG = "hung: "
+
+
 @dataclass(frozen=True)
 class Failure:
     """The failure that ended a run (or an attempt): a rank, or a node as a whole."""
@@ -64,9 +68,9 @@ class Failure:
     detail: str
 
     def describe(self) -> str:
-        if self.rank is None and self.detail and not self.signal:
-            return f"{self.node}: {self.detail}"  # the node as a whole (lost, its data path died): the why is all
         who = f"{self.node} rank {self.rank}" if self.rank is not None else self.node
+        if (self.rank is None or self.detail.startswith(HUNG)) and self.detail and not self.signal:
+            return f"{who}: {self.detail}"  # a node as a whole (lost, its data path died), a hung rank: the why is all
         how = f"killed by {signal_name(self.signal)}" if self.signal else f"exit code {self.exit_code}"
         return f"{who}: {how}{f' ({self.detail})' if self.detail else ''}"
 
