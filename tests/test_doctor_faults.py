@@ -112,30 +112,39 @@ def _typo_data_nic(sim_cluster: SimCluster, inv: Path, node: int) -> tuple[str, 
     return wrong, real, f"{inv}:{line}"
 
 
+@pytest.mark.parametrize("typo", [2, 0], ids=["worker", "master"])
 def test_typo_in_a_nic_address_is_an_inventory_problem_not_a_network_fault(sim_cluster: SimCluster,
-                                                                          tmp_path: Path) -> None:
+                                                                          tmp_path: Path, typo: int) -> None:
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 4, nproc=1)
-    nic = sim_cluster.nodes[2].data_nic
-    wrong, real, where = _typo_data_nic(sim_cluster, inv, 2)
-    done = run_clusterrun("doctor", str(inv), "--json", "--checks", "nic,net", "--bandwidth-seconds", "1",
+    name, nic = sim_cluster.nodes[typo].name, sim_cluster.nodes[typo].data_nic
+    wrong, real, where = _typo_data_nic(sim_cluster, inv, typo)
+    done = run_clusterrun("doctor", str(inv), "--json", "--checks", "nic,net,cluster", "--bandwidth-seconds", "1",
                           cwd=tmp_path, timeout=300)
     report = json.loads(done.stdout)
 
     # Told once, as the inventory's problem: the node, the file:line, what the node has, the corrected line.
     bad = [f for c in report["checks"] for f in c["findings"] if f["verdict"] == "fail"]
-    assert [(f["check"], f["node"], f["subject"]) for f in bad] == [("nic.present", "node2", nic)]
+    assert [(f["check"], f["node"], f["subject"]) for f in bad] == [("nic.present", name, nic)]
     assert where in bad[0]["summary"] and real in bad[0]["summary"]
     assert f"{{name: {nic}, ip: {real}/24}}" in bad[0]["hint"] and "inventory" in bad[0]["hint"]
     assert bad[0]["data"]["inventory"] == where
     # The checks that would use the inventory's address say what they did not test, and why; no cable, no firewall.
-    for name in ("net.ping", "net.bandwidth"):
-        about = [f for f in findings(report, name) if f.get("node") == "node2"]
+    for check in ("net.ping", "net.bandwidth"):
+        about = [f for f in findings(report, check) if f.get("node") == name]
         assert [f["verdict"] for f in about] == ["skip"], about
         assert f"not tested on {sim_cluster.data_subnet}: inventory says {wrong}, node has {real}/24" in \
             about[0]["summary"]
+    port = findings(report, "net.port")
+    if typo == 0:  # every node would connect to an address the master does not have
+        assert [f["verdict"] for f in port] == ["skip"] and f"inventory says {wrong}" in port[0]["summary"]
+    else:
+        assert [f["verdict"] for f in port] == ["pass"]
+    allreduce = findings(report, "cluster.allreduce")
+    assert [f["verdict"] for f in allreduce] == ["skip"]
+    assert f"not tested: {name}: {nic}: inventory says {wrong}" in allreduce[0]["summary"]
     every = json.dumps(report["checks"])
     assert "cable" not in every and "firewall" not in every
-    # The data network works between the other nodes: kept, with node2's real address, not the management network.
+    # The data network works between the other nodes: kept, with the node's real address, not the management one.
     assert f"data: {sim_cluster.data_subnet}" in report["recommended"]
     assert f"data: {sim_cluster.mgmt_subnet}" not in report["recommended"]
     assert f"{{name: {nic}, ip: {real}/24}}" in report["recommended"]

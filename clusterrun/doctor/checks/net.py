@@ -297,7 +297,7 @@ def master_port(ctx: Context) -> Iterator[Finding]:
     if wrong is not None:  # every node would connect to an address the master does not have
         yield Finding("net.port", Verdict.skipped, f"{master.node}: master port {port} not tested on {master.nic}: "
                       f"{wrong.said} ({wrong.where})", node=master.node, subject=f"{master.address}:{port}",
-                      hint=f"an inventory problem (see nic.present), not a firewall: set {wrong.snippet} at "
+                      hint=f"an inventory problem (see nic.present), not a network fault: set {wrong.snippet} at "
                            f"{wrong.where} and run doctor again", data=wrong.to_data())
         return
     python = ctx.inventory.python_of(reachable[0])
