@@ -21,6 +21,7 @@ from clusterrun.doctor.contradictions import contradictions
 from clusterrun.doctor.facts import FACTS, MISSING, NodeFacts, Section
 from clusterrun.doctor.model import Finding, Scope, Verdict
 from clusterrun.doctor.probe import SECTIONS
+from clusterrun.doctor.recommend import recommend
 from clusterrun.doctor.registry import CHECKS, Context, Options
 from clusterrun.facts.node import IP_COMMAND
 from clusterrun.facts.parsers import ip
@@ -546,3 +547,23 @@ def test_nic_line_finds_the_key_of_the_named_nic_or_says_nothing(tmp_path: Path)
     assert nic_line(tmp_path / "gone.yaml", "a", "eth1", "ip") is None
     (tmp_path / "bad.yaml").write_text("nodes: [\n")
     assert nic_line(tmp_path / "bad.yaml", "a", "eth1", "ip") is None
+
+
+def test_snippet_keeps_the_data_network_and_writes_the_real_address_of_a_nic_the_inventory_gets_wrong() -> None:
+    # Two nodes: the only data-network pair involves the typo, so no data-network ping ran; the management
+    # network (slower) answered. A typo is no evidence against the data network: it stays, with the real address.
+    inv = inventory({"name": "gpu01", "nics": [{"name": "eth0", "ip": "192.168.1.10/24"},
+                                               {"name": "eth1", "ip": "10.0.0.11/24"}]},
+                    {"name": "gpu02", "nics": [{"name": "eth0", "ip": "192.168.1.11/24"},
+                                               {"name": "eth1", "ip": "10.0.0.99/24"}]},
+                    network={"data": "10.0.0.0/24"})
+    node_facts = {f"gpu0{i}": facts(f"gpu0{i}", ip_addr=synthetic_ip(nic_json(2, "eth0", f"192.168.1.1{i - 1}/24"),
+                                                                     nic_json(3, "eth1", f"10.0.0.1{i}/24")))
+                  for i in (1, 2)}
+    ctx = Context(inv, node_facts)
+    pinged = [Finding("net.ping", Verdict.passed, "192.168.1.0/24 (other): all 2 directed pairs answer")]
+    snippet = recommend(ctx, pinged)
+
+    assert "data: 10.0.0.0/24   # the planned data network; gpu02 not tested (see nic.present)" in snippet
+    assert "nics: [{name: eth1, ip: 10.0.0.12/24}]   # the node's own; the inventory says 10.0.0.99" in snippet
+    assert "192.168.1." not in snippet

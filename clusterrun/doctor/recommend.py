@@ -36,8 +36,9 @@ def choose_network(ctx: Context, findings: list[Finding]) -> tuple[Network | Non
             why = "the planned data network, and every pair answered" if net.data else \
                 "every pair answered on it (the planned data network did not pass)"
             untested = sorted(ep.node for ep in net.members.values() if (ep.node, ep.nic) in wrong)
-            if untested:
-                why += f" (but {', '.join(untested)}: not tested, see nic.present)"
+            if untested and net.data:
+                why = f"the planned data network; {', '.join(untested)} not tested (see nic.present)" + (
+                    ", every other pair answered" if len(net.members) - len(untested) > 1 else "")
             return net, why
     return None, "no network passed the pairwise ping"
 
