@@ -17,12 +17,15 @@ import pytest
 from reported import facts_section
 
 import clusterrun.doctor.checks.node  # noqa: F401  (registers the checks)
+from clusterrun.doctor.contradictions import contradictions
 from clusterrun.doctor.facts import FACTS, MISSING, NodeFacts, Section
 from clusterrun.doctor.model import Finding, Scope, Verdict
 from clusterrun.doctor.probe import SECTIONS
-from clusterrun.doctor.registry import CHECKS, Context
+from clusterrun.doctor.recommend import recommend
+from clusterrun.doctor.registry import CHECKS, Context, Options
 from clusterrun.facts.node import IP_COMMAND
 from clusterrun.facts.parsers import ip
+from clusterrun.inventory.locate import nic_line
 from clusterrun.inventory.models import Inventory
 
 IP = Path(__file__).parent / "fixtures" / "real" / "ip"
@@ -513,3 +516,68 @@ def test_is_up_needs_the_up_flag_and_a_carrier() -> None:
     ifaces = ip.parse(ADDR_NETNS).interfaces
 
     assert {i.name for i in ifaces if i.is_up} == {"lo", "data0p", "data0", "br0"}
+
+
+def test_nic_address_typo_is_told_as_an_inventory_problem_with_file_line_and_the_nodes_values(tmp_path: Path) -> None:
+    source = tmp_path / "cluster.yaml"
+    source.write_text("version: 1\nnodes:\n  - name: gpu01\n    nics:\n      - name: eth0\n        ip: 192.0.2.3/24\n")
+    inv = inventory({"name": "gpu01", "nics": [{"name": "eth0", "ip": "192.0.2.3/24"}]})
+    ctx = Context(inv, {"gpu01": facts("gpu01", ip_addr=ADDR_HOST)}, Options(inventory_file=str(source)))
+    f = one(list(CHECKS["nic.present"].run(ctx)))
+
+    assert (f.verdict, f.node, f.subject) == (Verdict.failed, "gpu01", "eth0")
+    assert f"({source}:6)" in f.summary  # the line of `ip:`
+    assert "{name: eth0, ip: 192.0.2.2/24}" in (f.hint or "") and "inventory problem" in (f.hint or "")
+    assert f.data == {"inventory": f"{source}:6", "key": "ip", "listed": "192.0.2.3", "actual": "192.0.2.2/24",
+                      "snippet": "{name: eth0, ip: 192.0.2.2/24}"}
+    wrong = contradictions(ctx)[("gpu01", "eth0")]
+    assert wrong.said == "inventory says 192.0.2.3, node has 192.0.2.2/24"
+
+
+def test_nic_address_carried_by_another_interface_is_a_name_contradiction() -> None:
+    inv = inventory({"name": "gpu01", "nics": [{"name": "ens5", "ip": "192.0.2.2/24"}]})
+    ctx = Context(inv, {"gpu01": facts("gpu01", ip_addr=ADDR_HOST)})
+    wrong = contradictions(ctx)[("gpu01", "ens5")]
+
+    assert (wrong.key, wrong.listed, wrong.real_nic, wrong.where) == ("name", "ens5", "eth0", "the inventory")
+    assert wrong.snippet == "{name: eth0, ip: 192.0.2.2/24}"
+    f = one(list(CHECKS["nic.present"].run(ctx)))
+    assert "{name: eth0, ip: 192.0.2.2/24} is what the node has" in (f.hint or "")
+
+
+def test_nics_that_agree_with_the_node_or_are_missing_there_are_no_contradiction() -> None:
+    inv = inventory({"name": "gpu01", "nics": [{"name": "eth0", "ip": "192.0.2.2/24"}, {"name": "eth9", "ip": "10.1.1.1"}]})
+    assert contradictions(Context(inv, {"gpu01": facts("gpu01", ip_addr=ADDR_HOST)})) == {}
+
+
+def test_nic_line_finds_the_key_of_the_named_nic_or_says_nothing(tmp_path: Path) -> None:
+    source = tmp_path / "inv.yaml"
+    source.write_text("nodes:\n  - name: a\n    nics: [{name: eth1, ip: 10.0.0.1/24}]\n"
+                      "  - name: b\n    nics:\n      - {name: eth1,\n         ip: 10.0.0.2/24}\n")
+    assert nic_line(source, "b", "eth1", "ip") == f"{source}:7"
+    assert nic_line(source, "a", "eth1", "ip") == f"{source}:3"
+    assert nic_line(source, "b", "eth1", "speed") == f"{source}:6"  # no such key: the NIC's own line
+    assert nic_line(source, "c", "eth1", "ip") is None
+    assert nic_line(tmp_path / "gone.yaml", "a", "eth1", "ip") is None
+    (tmp_path / "bad.yaml").write_text("nodes: [\n")
+    assert nic_line(tmp_path / "bad.yaml", "a", "eth1", "ip") is None
+
+
+def test_snippet_keeps_the_data_network_and_writes_the_real_address_of_a_nic_the_inventory_gets_wrong() -> None:
+    # Two nodes: the only data-network pair involves the typo, so no data-network ping ran; the management
+    # network (slower) answered. A typo is no evidence against the data network: it stays, with the real address.
+    inv = inventory({"name": "gpu01", "nics": [{"name": "eth0", "ip": "192.168.1.10/24"},
+                                               {"name": "eth1", "ip": "10.0.0.11/24"}]},
+                    {"name": "gpu02", "nics": [{"name": "eth0", "ip": "192.168.1.11/24"},
+                                               {"name": "eth1", "ip": "10.0.0.99/24"}]},
+                    network={"data": "10.0.0.0/24"})
+    node_facts = {f"gpu0{i}": facts(f"gpu0{i}", ip_addr=synthetic_ip(nic_json(2, "eth0", f"192.168.1.1{i - 1}/24"),
+                                                                     nic_json(3, "eth1", f"10.0.0.1{i}/24")))
+                  for i in (1, 2)}
+    ctx = Context(inv, node_facts)
+    pinged = [Finding("net.ping", Verdict.passed, "192.168.1.0/24 (other): all 2 directed pairs answer")]
+    snippet = recommend(ctx, pinged)
+
+    assert "data: 10.0.0.0/24   # the planned data network; gpu02 not tested (see nic.present)" in snippet
+    assert "nics: [{name: eth1, ip: 10.0.0.12/24}]   # the node's own; the inventory says 10.0.0.99" in snippet
+    assert "192.168.1." not in snippet

@@ -100,3 +100,66 @@ def test_probe_reads_torch_versions_without_importing_torch(sim_cluster: SimClus
         assert "importlib.util" in imported and not {m for m in imported if m.split(".")[0] == "torch"}
     assert findings(report, "node.versions")[0]["verdict"] == "pass"
     assert f"torch {torch_version}" in findings(report, "node.versions")[0]["summary"]
+
+
+def _typo_data_nic(sim_cluster: SimCluster, inv: Path, node: int) -> tuple[str, str, str]:
+    """Write node ``node``'s data NIC in ``inv`` with an address the node does not have: (wrong, real, file:line)."""
+    real = sim_cluster.nodes[node].data_ip
+    wrong = real.rsplit(".", 1)[0] + ".99"
+    text = inv.read_text().replace(f"ip: {real}/24", f"ip: {wrong}/24")
+    inv.write_text(text)
+    line = next(i for i, text_line in enumerate(text.splitlines(), 1) if f"ip: {wrong}/" in text_line)
+    return wrong, real, f"{inv}:{line}"
+
+
+@pytest.mark.parametrize("typo", [2, 0], ids=["worker", "master"])
+def test_typo_in_a_nic_address_is_an_inventory_problem_not_a_network_fault(sim_cluster: SimCluster,
+                                                                          tmp_path: Path, typo: int) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 4, nproc=1)
+    name, nic = sim_cluster.nodes[typo].name, sim_cluster.nodes[typo].data_nic
+    wrong, real, where = _typo_data_nic(sim_cluster, inv, typo)
+    done = run_clusterrun("doctor", str(inv), "--json", "--checks", "nic,net,cluster", "--bandwidth-seconds", "1",
+                          cwd=tmp_path, timeout=300)
+    report = json.loads(done.stdout)
+
+    # Told once, as the inventory's problem: the node, the file:line, what the node has, the corrected line.
+    bad = [f for c in report["checks"] for f in c["findings"] if f["verdict"] == "fail"]
+    assert [(f["check"], f["node"], f["subject"]) for f in bad] == [("nic.present", name, nic)]
+    assert where in bad[0]["summary"] and real in bad[0]["summary"]
+    assert f"{{name: {nic}, ip: {real}/24}}" in bad[0]["hint"] and "inventory" in bad[0]["hint"]
+    assert bad[0]["data"]["inventory"] == where
+    # The checks that would use the inventory's address say what they did not test, and why; no cable, no firewall.
+    for check in ("net.ping", "net.bandwidth"):
+        about = [f for f in findings(report, check) if f.get("node") == name]
+        assert [f["verdict"] for f in about] == ["skip"], about
+        assert f"not tested on {sim_cluster.data_subnet}: inventory says {wrong}, node has {real}/24" in \
+            about[0]["summary"]
+    port = findings(report, "net.port")
+    if typo == 0:  # every node would connect to an address the master does not have
+        assert [f["verdict"] for f in port] == ["skip"] and f"inventory says {wrong}" in port[0]["summary"]
+    else:
+        assert [f["verdict"] for f in port] == ["pass"]
+    allreduce = findings(report, "cluster.allreduce")
+    assert [f["verdict"] for f in allreduce] == ["skip"]
+    assert f"not tested: {name}: {nic}: inventory says {wrong}" in allreduce[0]["summary"]
+    every = json.dumps(report["checks"])
+    assert "cable" not in every and "firewall" not in every
+    # The data network works between the other nodes: kept, with the node's real address, not the management one.
+    assert f"data: {sim_cluster.data_subnet}" in report["recommended"]
+    assert f"data: {sim_cluster.mgmt_subnet}" not in report["recommended"]
+    assert f"{{name: {nic}, ip: {real}/24}}" in report["recommended"]
+    assert f"ip: {wrong}/" not in report["recommended"]
+    # iperf3's and the other tools' complaints go to the report's evidence, never to doctor's terminal.
+    assert all(line.startswith("clusterrun: doctor: ") for line in done.stderr.splitlines()), done.stderr
+
+
+def test_nic_checks_alone_recommend_what_the_nodes_have(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 4, nproc=1)
+    wrong, _, _ = _typo_data_nic(sim_cluster, inv, 1)
+    rc, report = doctor(inv, tmp_path, "--checks", "nic")
+
+    assert rc == 1
+    assert f"data: {sim_cluster.data_subnet}" in report["recommended"]
+    for node in sim_cluster.nodes[:4]:
+        assert f"{{name: {node.data_nic}, ip: {node.data_ip}/24}}" in report["recommended"]
+    assert f"ip: {wrong}/" not in report["recommended"]

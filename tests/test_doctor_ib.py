@@ -95,3 +95,17 @@ def test_ib_write_bw_missing_fails_where_the_inventory_lists_rdma(sim_cluster: S
     assert rc == 1
     assert sorted((f["verdict"], f["node"]) for f in found) == [("fail", "node0"), ("fail", "node1")]
     assert "ib_write_bw not installed" in found[0]["summary"] and "perftest" in found[0]["hint"]
+
+
+def test_ib_write_bw_pair_with_a_typo_in_the_servers_address_is_not_tested_not_failed(sim_cluster: SimCluster,
+                                                                                      tmp_path: Path) -> None:
+    inv = roce_inventory(sim_cluster, tmp_path / "cluster.yaml")
+    real = sim_cluster.nodes[1].data_ip
+    wrong = real.rsplit(".", 1)[0] + ".99"
+    inv.write_text(inv.read_text().replace(f"ip: {real}/24", f"ip: {wrong}/24"))
+    rc, found = ib_findings(tmp_path, inv, "--path", str(standin_dir(tmp_path)))
+
+    assert rc == 0  # nothing failed: the only pair was not tested, and nic.present (not run here) says why
+    assert [(f["verdict"], f["node"]) for f in found] == [("skip", "node0")]
+    assert f"not tested: inventory says {wrong}, node has {real}/24" in found[0]["summary"]
+    assert not (tmp_path / "calls.log").exists()  # no ib_write_bw was started against an address nobody has

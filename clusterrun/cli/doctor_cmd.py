@@ -100,7 +100,8 @@ def doctor(inventory: Path | None, only: str | None, skip: str | None, list_chec
     inv = _this_machine() if inventory is None and not uses_source(sources) else load_nodes(inventory, **sources)
     options = Options(master_port=master_port, bandwidth_seconds=bandwidth_seconds, bandwidth_rounds=bandwidth_rounds,
                       bandwidth_tool=bandwidth_tool, allreduce_mib=allreduce_mib, allreduce_timeout=timeout,
-                      path=tuple(d for d in (tool_path or "").split(":") if d))
+                      path=tuple(d for d in (tool_path or "").split(":") if d),
+                      inventory_file=str(inventory) if inventory is not None else None)
     report_dir = runs_dir / f"doctor-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1
     while report_dir.exists():

@@ -34,7 +34,8 @@ class Options:
     allreduce_timeout: float = 120.0
     busy_memory_mib: int = 1024  # a GPU using more than this before the job starts is busy
     path: tuple[str, ...] = ()  # extra directories for tools on the nodes (perftest, infiniband-diags outside PATH)
-    ib_seconds: float = 3.0  # each ib_write_bw run (-D)  # a GPU using more than this before we start is busy
+    ib_seconds: float = 3.0  # each ib_write_bw run (-D)
+    inventory_file: str | None = None  # the YAML file the inventory came from: findings about it name file:line
 
 
 @dataclass

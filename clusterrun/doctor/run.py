@@ -9,6 +9,7 @@ from pathlib import Path
 
 from clusterrun.doctor.facts import NodeFacts
 from clusterrun.doctor.model import Finding, Verdict
+from clusterrun.doctor.noise import kept_noise
 from clusterrun.doctor.probe import probe_node
 from clusterrun.doctor.recommend import recommend
 from clusterrun.doctor.registry import Check, Context, Options
@@ -72,21 +73,25 @@ def run_doctor(inv: Inventory, checks: list[Check], options: Options, report_dir
     report = Report(nodes=[n.name for n in inv.nodes], checks=checks, started=time.time())
     t0 = time.monotonic()
     own = transports is None
-    transports = open_node_transports(inv) if transports is None else transports
-    try:
-        progress(f"probing {len(inv.nodes)} node(s)")
-        report.facts = probe_all(inv, dict(transports), options.path)
-        inv = with_probed_gpus(with_probed_nics(inv, report.facts), report.facts)
-        ctx = Context(inv, report.facts, options, transports, report_dir, progress)
-        for check in sorted(checks, key=lambda c: c.active):  # facts-only checks first: they take no time
-            if check.active:
-                progress(check.title)
-            report.findings += run_check(check, ctx)
-        report.recommended = recommend(ctx, report.findings)
-    finally:
-        if own:
-            for transport in transports.values():
-                transport.close()
+    with kept_noise() as noise:  # the SSH library's complaints go to the evidence, not the terminal
+        transports = open_node_transports(inv) if transports is None else transports
+        try:
+            progress(f"probing {len(inv.nodes)} node(s)")
+            report.facts = probe_all(inv, dict(transports), options.path)
+            inv = with_probed_gpus(with_probed_nics(inv, report.facts), report.facts)
+            ctx = Context(inv, report.facts, options, transports, report_dir, progress)
+            for check in sorted(checks, key=lambda c: c.active):  # facts-only checks first: they take no time
+                if check.active:
+                    progress(check.title)
+                report.findings += run_check(check, ctx)
+            report.recommended = recommend(ctx, report.findings)
+        finally:
+            if own:
+                for transport in transports.values():
+                    transport.close()
     report.duration = time.monotonic() - t0
     report.save(report_dir)
+    if noise:
+        (report_dir / "evidence").mkdir(parents=True, exist_ok=True)
+        (report_dir / "evidence" / "transport.log").write_text("\n".join(noise) + "\n", encoding="utf-8")
     return report

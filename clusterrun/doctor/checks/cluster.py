@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from clusterrun import remote
 from clusterrun.doctor.checks.paths import Endpoint, ledger, networks
+from clusterrun.doctor.contradictions import contradictions, on_network
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ClusterrunError, StartError
@@ -55,6 +56,14 @@ def allreduce(ctx: Context) -> Iterator[Finding]:
         yield Finding("cluster.allreduce", Verdict.skipped,
                       f"not run: {names} {verb} no peer on the data network (see net.ping and net.bandwidth); "
                       f"the job would only wait for {them}", data={"dead": [ep.node for ep in dead]})
+        return
+    planned = next((n for n in networks(ctx, as_the_nodes_say=True) if n.data), None)
+    wrong = [c for c in contradictions(ctx).values() if planned is not None and on_network(c, ctx, planned.subnet)]
+    if wrong:  # `up` would refuse the same inventory: an inventory problem, told by nic.present
+        yield Finding("cluster.allreduce", Verdict.skipped, "not tested: " + "; ".join(
+                      f"{c.node}: {c.nic}: {c.said} ({c.where})" for c in wrong),
+                      hint="an inventory problem (see nic.present): fix it and run doctor again",
+                      data={"inventory": [c.to_data() for c in wrong]})
         return
     opts = ctx.options
     runs_dir = ctx.report_dir or Path("runs")

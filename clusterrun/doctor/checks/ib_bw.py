@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from clusterrun import remote
 from clusterrun.doctor.checks.paths import has_tool, parallel
+from clusterrun.doctor.contradictions import Contradiction, contradictions
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.probe import path_prefix
 from clusterrun.doctor.registry import Context, check
@@ -54,6 +55,17 @@ def _server_address(ctx: Context, node: Node, nic: Nic) -> str:
         return resolve_data_network(ctx.inventory).path_of(node.name).address
     except PlanError:
         return node.host
+
+
+def _wrong_address(ctx: Context, node: Node, nic: Nic) -> Contradiction | None:
+    """The contradiction that makes :func:`_server_address` the inventory's mistake, if any."""
+    if nic.address:
+        return contradictions(ctx).get((node.name, nic.name))
+    try:
+        path = resolve_data_network(ctx.inventory).path_of(node.name)
+    except PlanError:
+        return None
+    return contradictions(ctx).get((node.name, path.nic)) if path.nic else None
 
 
 def _argv(ctx: Context, nic: Nic, tcp_port: int, seconds: float, *tail: str) -> list[str]:
@@ -128,6 +140,14 @@ def ib_bandwidth(ctx: Context) -> Iterator[Finding]:
         jobs: list[Callable[[], Measure]] = []
         for a, b in pairs:
             for nic_a, nic_b in zip(rdma_nics(a), rdma_nics(b), strict=False):  # up to the shorter list
+                wrong = _wrong_address(ctx, b, nic_b)  # the client would reach b at an address b does not have
+                if wrong is not None:
+                    yield Finding("ib.bandwidth", Verdict.skipped,
+                                  f"{a.name} -> {b.name} {nic_a.hca}/{nic_a.port}->{nic_b.hca}/{nic_b.port} not "
+                                  f"tested: {wrong.said} ({wrong.where})", node=a.name,
+                                  hint="an inventory problem (see nic.present), not a fabric fault: set "
+                                       f"{wrong.snippet} at {wrong.where} and run doctor again", data=wrong.to_data())
+                    continue
                 jobs.append(lambda a=a, b=b, na=nic_a, nb=nic_b: _measure(ctx, a, b, (na, nb)))
         results += parallel(jobs)
     for m in results:

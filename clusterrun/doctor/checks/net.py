@@ -24,6 +24,7 @@ from clusterrun.doctor.checks.paths import (
     parallel,
     tool_argv,
 )
+from clusterrun.doctor.contradictions import contradictions, not_tested
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
 from clusterrun.doctor.schedule import round_robin
@@ -125,13 +126,16 @@ def _iperf(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float, vouched: 
 SERVER_TRIES = 3
 
 
+def _server_argv(seconds: float, port: int, dst: Endpoint) -> list[str]:
+    # --forceflush: without a terminal iperf3 holds "Server listening" back until it exits.
+    return ["timeout", str(int(seconds + 30)), "iperf3", "-s", "-1", "--forceflush", "-p", str(port), "-B", dst.address]
+
+
 def _start_server(ctx: Context, dst: Endpoint, seconds: float, port: int) -> tuple[Stream | None, str]:
     """iperf3's one-off server on ``port``, started and listening, or None and why not."""
     why = ""
     for _ in range(SERVER_TRIES):
-        # --forceflush: without a terminal iperf3 holds "Server listening" back until it exits.
-        server = ctx.transports[dst.node].start(tool_argv(ctx, ["timeout", str(int(seconds + 30)), "iperf3", "-s",
-                                                             "-1", "--forceflush", "-p", str(port), "-B", dst.address]))
+        server = ctx.transports[dst.node].start(tool_argv(ctx, _server_argv(seconds, port, dst)))
         if LineReader(server).wait_for("Server listening", 15) is not None:
             return server, ""
         why = server.stderr_text().strip()[-200:]
@@ -153,7 +157,11 @@ def _iperf_run(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float, port:
         return Transfer(src.node, dst.node, None, "iperf3", getattr(exc, "reason", str(exc)), (), True)
     finally:
         server.abort()
-    evidence = (Evidence(" ".join(argv), res.stdout[-4000:] + res.stderr, res.exit_code, src.node),)
+    # The server's own complaints (iperf3 prints "iperf3: error - ...: Bad file descriptor" when its client goes
+    # away early) belong with the transfer they are about, in the report's evidence.
+    noise = server.stderr_text().strip()
+    evidence = (Evidence(" ".join(argv), res.stdout[-4000:] + res.stderr, res.exit_code, src.node),
+                *([Evidence(" ".join(_server_argv(seconds, port, dst)), noise[-2000:], None, dst.node)] if noise else []))
     try:
         parsed = iperf3.parse(res.stdout)
     except ParseError as exc:
@@ -170,6 +178,8 @@ def _gbit(bps: float | None) -> str:
 @check("net.bandwidth", "TCP bandwidth between pairs on the data network", Scope.pair, active=True)
 def bandwidth(ctx: Context) -> Iterator[Finding]:
     data = next((n for n in networks(ctx) if n.data), None)
+    planned = next((n for n in networks(ctx, as_the_nodes_say=True) if n.data), None)
+    yield from not_tested(ctx, "net.bandwidth", [planned.subnet] if planned else [])
     if data is None:
         yield Finding("net.bandwidth", Verdict.skipped, "no data network with two or more reachable nodes and known NICs")
         return
@@ -283,6 +293,13 @@ def master_port(ctx: Context) -> Iterator[Finding]:
         yield Finding("net.port", Verdict.skipped, f"no data network to test the port on: {exc}")
         return
     master = data.path_of(reachable[0].name)
+    wrong = contradictions(ctx).get((master.node, master.nic)) if master.nic else None
+    if wrong is not None:  # every node would connect to an address the master does not have
+        yield Finding("net.port", Verdict.skipped, f"{master.node}: master port {port} not tested on {master.nic}: "
+                      f"{wrong.said} ({wrong.where})", node=master.node, subject=f"{master.address}:{port}",
+                      hint=f"an inventory problem (see nic.present), not a network fault: set {wrong.snippet} at "
+                           f"{wrong.where} and run doctor again", data=wrong.to_data())
+        return
     python = ctx.inventory.python_of(reachable[0])
     stream = ctx.transports[master.node].start(remote.argv(python, "netprobe", "listen", "0.0.0.0", port, 60))
     reader = LineReader(stream)

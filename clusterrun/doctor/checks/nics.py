@@ -7,6 +7,7 @@ import ipaddress
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 
+from clusterrun.doctor.contradictions import contradictions
 from clusterrun.doctor.model import Finding, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
 from clusterrun.facts.nics import VIRTUAL_PREFIXES
@@ -51,13 +52,16 @@ def nics_present(ctx: Context) -> Iterator[Finding]:
             continue
         for nic in node.nics:
             iface = ifaces.get(nic.name)
+            found = contradictions(ctx).get((node.name, nic.name))
             if iface is None:
                 holder = ifaces.with_address(nic.address) if nic.address else None
                 where = f"; {nic.address} is on {holder.name}" if holder else ""
                 known = ", ".join(i.name for i in ifaces.interfaces if i.name != "lo")
+                fix = f" at {found.where}: {found.snippet} is what the node has" if found else ""
                 yield Finding("nic.present", Verdict.failed, f"{node.name}: no interface {nic.name}{where}",
                               node=node.name, subject=nic.name, measured=known, expected=nic.name, evidence=evidence,
-                              hint=f"fix the NIC name in the inventory (this node has: {known})")
+                              hint=f"fix the NIC name in the inventory{fix} (this node has: {known})",
+                              data=found.to_data() if found else {})
                 continue
             if not iface.is_up:
                 yield Finding("nic.present", Verdict.failed, f"{node.name}: {nic.name} is down ({_state(iface)})",
@@ -68,11 +72,15 @@ def nics_present(ctx: Context) -> Iterator[Finding]:
             if nic.address and ipaddress.ip_address(nic.address) not in {ipaddress.ip_address(a) for a in addresses}:
                 holder = ifaces.with_address(nic.address)
                 where = f" ({nic.address} is on {holder.name})" if holder else ""
+                at = f" ({found.where})" if found and found.where != "the inventory" else ""
+                fix = f" to {found.snippet}, what the node has" if found and found.real_address else ""
                 yield Finding("nic.present", Verdict.failed,
                               f"{node.name}: {nic.name} does not have {nic.address}{where}; it has "
-                              f"{', '.join(addresses) or 'no address'}", node=node.name, subject=nic.name,
+                              f"{', '.join(addresses) or 'no address'}{at}", node=node.name, subject=nic.name,
                               measured=", ".join(addresses) or "none", expected=nic.address, evidence=evidence,
-                              hint="fix `ip` of this NIC in the inventory, or the node's address")
+                              hint=f"an inventory problem: fix `ip` of this NIC in the inventory{at}{fix}, or the "
+                                   f"node's address; the checks that use this address do not test it until then",
+                              data=found.to_data() if found else {})
                 continue
             yield Finding("nic.present", Verdict.passed,
                           f"{node.name}: {nic.name} up, {', '.join(addresses) or 'no address'}, mtu {iface.mtu}",

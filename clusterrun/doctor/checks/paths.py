@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from clusterrun.doctor.checks.nics import interfaces
+from clusterrun.doctor.contradictions import contradictions
 from clusterrun.doctor.probe import path_prefix
 from clusterrun.doctor.registry import Context
 from clusterrun.errors import PlanError
@@ -43,17 +44,28 @@ class Network:
         return f"{self.subnet} ({'data' if self.data else 'other'})"
 
 
-def networks(ctx: Context) -> list[Network]:
-    """Subnets that two or more reachable nodes have an inventory NIC on, from the inventory and ``ip addr``."""
+def networks(ctx: Context, *, as_the_nodes_say: bool = False) -> list[Network]:
+    """Subnets that two or more reachable nodes have an inventory NIC on, from the inventory and ``ip addr``.
+
+    A NIC whose inventory entry the node contradicts (see :mod:`clusterrun.doctor.contradictions`) is left out:
+    testing the inventory's address would blame the network for the inventory's mistake. With
+    ``as_the_nodes_say`` it is in, with the node's own name and address (what a corrected inventory would say).
+    """
     try:
         data = resolve_data_network(ctx.inventory)
         data_addresses = {p.address for p in data.paths}
     except PlanError:
         data_addresses = set()
     found: dict[str, dict[str, Endpoint]] = defaultdict(dict)
+    wrong = contradictions(ctx)
     for node in ctx.reachable():
         ifaces = interfaces(ctx, node.name)
         for nic in node.nics:
+            c = wrong.get((node.name, nic.name))
+            if c is not None:
+                if as_the_nodes_say and c.real_address and c.real_network:
+                    found[c.real_network].setdefault(node.name, Endpoint(node.name, c.real_nic, c.real_address))
+                continue
             iface = ifaces.get(nic.name) if ifaces else None
             candidates = [a for a in (iface.addresses if iface else ()) if a.family in ("inet", "inet6")
                           and a.scope != "link" and (nic.address is None or a.local == nic.address)]

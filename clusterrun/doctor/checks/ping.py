@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from clusterrun.doctor.checks.paths import Endpoint, Network, has_tool, ledger, networks, parallel, tool_argv
+from clusterrun.doctor.contradictions import not_tested
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ClusterrunError, ParseError
@@ -145,6 +146,8 @@ def _node_pings(ctx: Context, node: str, pairs: list[tuple[Network, Endpoint, En
 @check("net.ping", "every node reaches every other on each network (ping)", Scope.pair, active=True)
 def pairwise_ping(ctx: Context) -> Iterator[Finding]:
     nets = networks(ctx)
+    # A NIC the inventory gets wrong is not pinged: said once here, its cause told by nic.present.
+    yield from not_tested(ctx, "net.ping", [n.subnet for n in networks(ctx, as_the_nodes_say=True)])
     if not nets:
         yield Finding("net.ping", Verdict.skipped, "no network with two or more nodes whose NICs and addresses are "
                                                    "known (list `nics` with `ip` in the inventory)")
