@@ -85,6 +85,12 @@ def _warnings_to_stderr() -> None:
         handler.setLevel(logging.WARNING)
         handler.clusterrun = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
+    # paramiko logs "Socket exception: Bad file descriptor" when a connection closes under its reading thread
+    # (clusterrun closing its connections at the end); with no handler Python prints it bare on stderr, where it
+    # reads like a failure. What really fails reaches the user as clusterrun's own errors.
+    paramiko = logging.getLogger("paramiko")
+    if not paramiko.handlers:
+        paramiko.addHandler(logging.NullHandler())
 
 
 def _exit_without_waiting(code: int) -> None:
