@@ -160,7 +160,7 @@ class Supervisor:
             # Once stopping, torchrun's own report (a ChildFailedError traceback) only repeats what the
             # summary says; it stays in launcher.log.
             if not self.phase.stopping or kind == protocol.ERROR:
-                self.console.node_line(name, text)
+                self.console.node_line(name, text, node.ranks, error=kind != protocol.LAUNCHER, now=now)
             if kind == protocol.ERROR:
                 node.reason = text
         elif kind == protocol.RANK_FAILED:
