@@ -140,3 +140,25 @@ class NoiseFilter:
     def _release(self, noise: bool) -> Sorted:
         held, self._held, self._state = tuple(self._held), [], ""
         return Sorted(noise=True) if noise else Sorted(held)
+
+
+# torchrun's report of being stopped (clusterrun's SIGTERM): "Received 15 death signal, shutting down workers"
+# (older torch: "Received Signals.SIGTERM death signal"), then its SignalException traceback.
+_STOPPED = re.compile(r"\] ?Received (?:\d+|Signals\.SIG\w+|SIG\w+) death signal, shutting down workers"
+                      r"|SignalException: Process \d+ got signal: \d+")
+# What torchrun says on every node of every run: its OMP banner, c10d's note on the client socket's name.
+_BANNER = re.compile(r"^\s*$|^\*+$|^Setting OMP_NUM_THREADS environment variable for each process"
+                     r"|\[c10d\] The hostname of the client socket cannot be retrieved|^\[clusterrun\] ")
+
+
+def stopped_at(lines: list[str]) -> int | None:
+    """The index of the first line of torchrun's report of being stopped (by a signal), None without one."""
+    return next((i for i, line in enumerate(lines) if _STOPPED.search(line)), None)
+
+
+def cause_lines(lines: list[str]) -> tuple[int, int] | None:
+    """Where a node's launcher.log (``lines``) can hold the cause of a failure: the first and last line numbers
+    (from 1) of what torchrun said before it was stopped, its banner left out; None when it said nothing else."""
+    end = stopped_at(lines)
+    said = [i for i, line in enumerate(lines[:end]) if not _BANNER.search(line)]
+    return (said[0] + 1, said[-1] + 1) if said else None
