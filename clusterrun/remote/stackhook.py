@@ -10,8 +10,9 @@ the agent writes to it, writes torch's JSON dump of this process's recent collec
 ``<dir>/flight-<pid>.json`` (a thread, because the main thread of a hung rank is blocked inside torch and
 would run no Python signal handler). On a restarted job it adds clusterrun's restart count to
 ``TORCHELASTIC_RESTART_COUNT``, and on a job clusterrun may restart its ``--max-restarts`` to
-``TORCHELASTIC_MAX_RESTARTS`` (torchrun itself is told 0: clusterrun restarts the whole job). Then it runs the site's own ``sitecustomize``, if there is one further
-along the path, so nothing the environment sets up is lost.
+``TORCHELASTIC_MAX_RESTARTS`` (torchrun itself is told 0: clusterrun restarts the whole job). Then it
+runs the site's own ``sitecustomize``, if there is one further along the path, so nothing the
+environment sets up is lost.
 """
 
 import os
