@@ -26,6 +26,8 @@ REMOTE_RUNS_DIR = "~/.clusterrun/runs"
 RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 #: How many times clusterrun has restarted the job (0 on its first attempt), as torchrun's TORCHELASTIC_RESTART_COUNT.
 RESTART_COUNT_VAR = "CLUSTERRUN_RESTART_COUNT"
+#: How many times clusterrun may restart the job (``--max-restarts``): the workers see it as TORCHELASTIC_MAX_RESTARTS.
+MAX_RESTARTS_VAR = "CLUSTERRUN_MAX_RESTARTS"
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class JobSpec:
     max_restarts: int = 0  # torchrun's own restarts (clusterrun restarts the whole job itself: ``attempt``)
     sync_dir: str | None = None  # copied whole to each node's code/ directory (absolute, local)
     attempt: int = 0  # clusterrun's restarts so far: each attempt has its own directory on the nodes
+    restarts: int = 0  # how many times clusterrun may restart the job (``--max-restarts``, run.max_restarts)
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,8 @@ def _env(inv: Inventory, index: int, node: Node, ctx: RuleContext, job: JobSpec)
         merged[key] = EnvVar(key, value, "--env")
     merged[RUN_ID_VAR] = EnvVar(RUN_ID_VAR, job.run_id, "clusterrun")
     merged[RESTART_COUNT_VAR] = EnvVar(RESTART_COUNT_VAR, str(job.attempt), "clusterrun")
+    if job.restarts:
+        merged[MAX_RESTARTS_VAR] = EnvVar(MAX_RESTARTS_VAR, str(job.restarts), "clusterrun")
     return tuple(merged.values())
 
 

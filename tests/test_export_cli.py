@@ -85,6 +85,20 @@ def test_plan_warnings_reach_stderr_not_the_document(capsys: pytest.CaptureFixtu
     assert yaml.safe_load(out)["kind"] == "TrainJob"  # stdout holds the document alone
 
 
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_a_kubernetes_export_without_gpus_says_it_is_cpu_only_and_how_to_ask_for_gpus(
+        capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    code, out, err = cli(capsys, "export", kind, "--image", IMAGE, "--ips", "a,b", TRAIN)
+    assert code == 0
+    said = [line for line in err.splitlines() if "CPU-only" in line]
+    assert len(said) == 1 and "--gpus" in said[0] and "gpus:" in said[0]
+    assert "nvidia.com/gpu" not in yaml.safe_load(out).__repr__()
+    comment = " ".join(line.lstrip("# ") for line in out.splitlines() if line.startswith("#"))
+    assert "CPU-only" in comment and "--gpus" in comment
+    code, out, err = cli(capsys, "export", kind, "--image", IMAGE, "--ips", "a,b", "--gpus", "0-3", TRAIN)
+    assert code == 0 and "CPU-only" not in err and "CPU-only" not in out and "nvidia.com/gpu: 4" in out
+
+
 def test_bad_sbatch_value_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = cli(capsys, "export", "sbatch", "--partition", "a b", TWO_NODE, TRAIN)
     assert code == 2 and "--partition 'a b'" in err

@@ -64,6 +64,27 @@ def test_a_rank_that_fails_once_is_restarted_and_sees_the_count(sim_cluster: Sim
     assert not sim_cluster.wait_no_processes(run.name, 15)
 
 
+ENV = """
+import os
+print("env", os.environ["RANK"], os.environ["TORCHELASTIC_MAX_RESTARTS"], os.environ["TORCHELASTIC_RESTART_COUNT"],
+      flush=True)
+"""
+
+
+def test_workers_see_clusterruns_max_restarts_as_torchelastic_max_restarts(sim_cluster: SimCluster,
+                                                                           tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "env.py").write_text(ENV)
+    done = run_clusterrun("up", "--max-restarts", "3", *FAST, str(inv), "env.py", cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(lines(done.stdout, "env ")) == ["env 0 3 0", "env 1 3 0"]
+    plan = json.loads((the_run(tmp_path) / "plan.json").read_text())
+    assert plan["nodes"][0]["env"]["CLUSTERRUN_MAX_RESTARTS"] == "3"
+    done = run_clusterrun("up", str(inv), "env.py", cwd=tmp_path, timeout=240)  # no restarts: torchrun's 0
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(lines(done.stdout, "env ")) == ["env 0 0 0", "env 1 0 0"]
+
+
 def test_the_same_failure_twice_stops_the_restarts(sim_cluster: SimCluster, tmp_path: Path) -> None:
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     (tmp_path / "job.py").write_text(JOB)

@@ -3,8 +3,14 @@ failed ranks still one each, with the nodes written as a host list."""
 
 from __future__ import annotations
 
-from clusterrun.cli.render import FOLD_OVER, summary_rows
-from clusterrun.launch.outcome import NodeOutcome, RankOutcome, RankState, RunOutcome
+import io
+from pathlib import Path
+
+from clusterrun.cli.render import FOLD_OVER, print_summary, summary_rows
+from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
+from clusterrun.runs import RunDir
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real" / "torchrun"
 
 
 def outcome(nodes: int, per_node: int, state: RankState = RankState.succeeded) -> RunOutcome:
@@ -45,3 +51,35 @@ def test_failed_ranks_keep_their_rows_and_a_lost_nodes_reason_stays() -> None:
     assert stopped[0] == "gpu[00-08,10-15] (15 nodes)"
     assert stopped[1] == "0-12,14-35,40-63"
     assert ("gpu09", "36-39", "unknown", "", "10.0s") in rows
+
+
+STOPPED = (FIXTURES / "stopped_by_clusterrun.txt").read_text()
+
+
+def failed_summary(tmp_path: Path, launcher: str) -> str:
+    """The summary of a run that failed as a whole on gpu00 (it ran past its time limit), whose launcher.log is
+    ``launcher``."""
+    run_dir = RunDir.create(tmp_path, "r1")
+    run_dir.launcher_log("gpu00").write_text(launcher)
+    run = outcome(2, 2, RankState.stopped)
+    run.ended, run.first_failure = 9.0, Failure("gpu00", None, 124, None, "the job ran past its 8s time limit")
+    out = io.StringIO()
+    print_summary(run, run_dir, file=out)
+    return out.getvalue()
+
+
+def test_a_node_failures_pointer_skips_torchruns_report_of_being_stopped(tmp_path: Path) -> None:
+    said = failed_summary(tmp_path, STOPPED)
+    assert "SignalException" not in said and "death signal" not in said
+    assert "holds only torchrun's banner and its report of being stopped" in " ".join(said.split())
+    assert "rank*.log" in said
+
+
+def test_a_node_failures_pointer_names_the_launcher_lines_that_hold_the_cause(tmp_path: Path) -> None:
+    lines = STOPPED.splitlines()
+    cause = ["E1125 15:25:40.000000 31590 site-packages/torch/distributed/elastic/rendezvous/api.py:1] "
+             "rendezvous closed: gpu07 left"]
+    said = " ".join(failed_summary(tmp_path, "\n".join([*lines[:5], *cause, *lines[5:]]) + "\n").split())
+    assert "launcher.log line 6 (what torchrun said before it was stopped):" in said
+    assert "rendezvous closed: gpu07 left" in said
+    assert "SignalException" not in said and "death signal" not in said

@@ -63,11 +63,11 @@ def _kube_options(func: F) -> F:
     return func
 
 
-def _write(text: str, output: Path | None, force: bool, done: str, plan: Any) -> int:
-    """Print ``text`` or write it to ``output``; the plan's warnings go to stderr either way."""
+def _write(text: str, output: Path | None, force: bool, done: str, plan: Any, warnings: tuple[str, ...] = ()) -> int:
+    """Print ``text`` or write it to ``output``; the plan's warnings and ``warnings`` go to stderr either way."""
     from clusterrun.errors import UsageError
 
-    for warning in plan.warnings:
+    for warning in (*plan.warnings, *warnings):
         click.echo(f"clusterrun: warning: {warning}", err=True)
     if output is None:
         click.echo(text, nl=False)
@@ -137,13 +137,13 @@ def pytorchjob(inv: Any, plan: Any, runs_dir: Any, output: Path | None, force: b
     It carries the node count, processes and GPUs per node, the NCCL/Gloo environment that names no
     node's device, and the script with its arguments; a comment header lists what it cannot carry.
     """
-    from clusterrun.export.kubeflow import KubeOptions
+    from clusterrun.export.kubeflow import KubeOptions, cpu_only
     from clusterrun.export.kubeflow import pytorchjob as render
 
     options = KubeOptions(image=image, name=name, namespace=namespace)
     namespace_flag = f" -n {namespace}" if namespace else ""
     return _write(render(plan, inv, options), output, force, f"start it with `kubectl apply{namespace_flag} -f {{file}}`",
-                  plan)
+                  plan, tuple(filter(None, [cpu_only(plan)])))
 
 
 @_without_json
@@ -172,10 +172,10 @@ def trainjob(inv: Any, plan: Any, runs_dir: Any, output: Path | None, force: boo
     NCCL/Gloo environment that names no node's device, and the script with its arguments; a comment
     header lists what it cannot carry.
     """
-    from clusterrun.export.kubeflow import KubeOptions
+    from clusterrun.export.kubeflow import KubeOptions, cpu_only
     from clusterrun.export.kubeflow import trainjob as render
 
     options = KubeOptions(image=image, name=name, namespace=namespace, runtime=runtime)
     namespace_flag = f" -n {namespace}" if namespace else ""
     return _write(render(plan, inv, options), output, force, f"start it with `kubectl apply{namespace_flag} -f {{file}}`",
-                  plan)
+                  plan, tuple(filter(None, [cpu_only(plan)])))

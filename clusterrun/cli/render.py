@@ -106,6 +106,27 @@ def summary_rows(outcome: RunOutcome) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
+def _launcher_cause(run_dir: RunDir, node: str, tail_lines: int) -> list[str]:
+    """Where a node's failure as a whole shows: the lines of its launcher.log that torchrun wrote before it was
+    stopped (its banner left out), not its report of being stopped; or, when there are none, its rank logs."""
+    from clusterrun.facts.torchrun_noise import cause_lines, stopped_at
+
+    launcher = run_dir.launcher_log(node)
+    try:
+        lines = launcher.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    span, stopped = cause_lines(lines), stopped_at(lines) is not None
+    before = " before it was stopped" if stopped else ""
+    if span is None:
+        return [f"{launcher} holds only torchrun's banner" + (" and its report of being stopped" if stopped else "")
+                + f"; the ranks' output is in {run_dir.path / node}/rank*.log"] if lines else []
+    first, last = span
+    shown = lines[max(first - 1, last - tail_lines):last]
+    where = f"line {first}" if first == last else f"lines {first}-{last}"
+    return [f"{launcher} {where} (what torchrun said{before}):", *("  " + t for t in shown)]
+
+
 def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = None, tail_lines: int = 20) -> None:
     """The one-screen end of a run: per node and rank what happened, then the first failure and its log's tail."""
     from rich.console import Console
@@ -144,9 +165,8 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
             for hint in failure_hints(run_dir.tail(failure.node, failure.rank, 400)):
                 console.print(f"[bold yellow]hint:[/] {escape(hint)}")
         else:
-            launcher = run_dir.path / failure.node / "launcher.log"
-            if launcher.exists():
-                console.print(f"see {launcher}")
+            for line in _launcher_cause(run_dir, failure.node, tail_lines):
+                console.print(escape(line), soft_wrap=True)
     for note in outcome.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
     for name in outcome.logs_unverified:

@@ -147,6 +147,14 @@ def _pod_job(plan: LaunchPlan, inv: Inventory, options: KubeOptions, kind: str, 
     return _PodJob(name, nproc, gpus, tuple(env), argv, tuple(lost))
 
 
+def cpu_only(plan: LaunchPlan) -> str | None:
+    """Why the exported job asks Kubernetes for no GPU and how to ask for them; None when its nodes have GPUs."""
+    if any(node.gpus for node in plan.nodes):
+        return None
+    return (f"the job is CPU-only: the plan gives its nodes no GPUs, so its pods ask for no {GPU_RESOURCE}; to ask "
+            "for GPUs, add --gpus (e.g. --gpus 0-7) or give the nodes gpus: in the inventory, and export again")
+
+
 def _metadata(job: _PodJob, options: KubeOptions) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": job.name}
     if options.namespace is not None:
@@ -167,6 +175,7 @@ def _header(kind: str, job: _PodJob, plan: LaunchPlan, options: KubeOptions, ext
         *paragraph(f"The image {options.image} must hold torch and {what}."),
         "#",
         *bullets("Not carried over:", [*job.lost, *extra]),
+        *(["#", *paragraph(f"Note: {why}.")] if (why := cpu_only(plan)) else []),
         *(["#", *bullets("The plan warned:", plan.warnings)] if plan.warnings else []),
     ]
 

@@ -11,7 +11,10 @@ may be less than what is logged, never more:
   seconds when stdout is a file or a pipe; its last state is always shown;
 * control characters are shown escaped (``\x1b]0;title\x07`` prints as text), so a rank's output
   cannot retitle, clear or move the terminal, or write to its clipboard; colours (SGR sequences,
-  ``ESC [ ... m``) are kept. ``raw`` shows everything as it came.
+  ``ESC [ ... m``) are kept. ``raw`` shows everything as it came;
+* torchrun's own lines: with ``ranks``, only the nodes that hold one of them (errors always); torchrun's
+  known end-of-run noise (the exit-barrier error of a node whose ranks had finished,
+  :mod:`clusterrun.facts.torchrun_noise`) is kept in launcher.log only, and said once in one line.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TextIO
+
+from clusterrun.facts.torchrun_noise import NoiseFilter, Sorted
 
 DISPLAY_MAX = 16 << 10  # characters of one line shown on the terminal
 BAR_EVERY_TTY = 1.0  # seconds between two shown updates of one rank's progress bar, on a terminal
@@ -84,6 +89,8 @@ class Console:
         self._bars: dict[tuple[str, int, str], _Bar] = {}
         self.closed = False  # stdout's reader went away
         self.raw = raw  # show control characters as they came
+        self._noise: dict[str, NoiseFilter] = {}  # per node: torchrun's lines held back while they may be noise
+        self.noise_said = False  # the one line about torchrun's exit-barrier noise was written
 
     def _prefix(self, tag: str, node: str) -> str:
         if not self.color:
@@ -183,15 +190,39 @@ class Console:
             if bar.text is not None and (final or now - bar.shown_at >= self.bar_every):
                 self._write_lines(node, rank, [bar.text])
                 bar.text, bar.shown_at = None, now
+        self._node_ticks(now, final)
         if final:
             for (node, rank, _stream), held in list(self._partial.items()):
                 self._write_lines(node, rank, [held.text])
             self._partial.clear()
 
-    def node_line(self, node: str, text: str) -> None:
+    def node_line(self, node: str, text: str, ranks: Collection[int] | None = None, error: bool = False,
+                  now: float | None = None) -> None:
+        """A line of torchrun's own output on ``node`` (which holds the global ``ranks``): with a rank filter,
+        shown only for a node that holds a shown rank; an ``error`` (torchrun could not start) always."""
         if self.quiet or not self.show_launcher:
             return
-        self._emit(f"{self._prefix(f'[{node}]', node)} {text if self.raw else safe(text)}\n")
+        if not error and self.ranks is not None and ranks is not None and not self.ranks.intersection(ranks):
+            return  # another node's banner and messages: they stay in its launcher.log
+        if error:
+            self._node_lines(node, self._noise.pop(node, NoiseFilter()).flush())
+            self._node_lines(node, Sorted((text,)))
+            return
+        noise = self._noise.setdefault(node, NoiseFilter())
+        self._node_lines(node, noise.feed(text, time.monotonic() if now is None else now))
+
+    def _node_lines(self, node: str, lines: Sorted) -> None:
+        for text in lines.show:
+            self._emit(f"{self._prefix(f'[{node}]', node)} {text if self.raw else safe(text)}\n")
+        if lines.noise and not self.noise_said:
+            self.noise_said = True
+            self.info(f"{node}: torchrun's exit-barrier error after its ranks had finished (harmless: the master's "
+                      "torchrun had already gone) is kept in its launcher.log")
+
+    def _node_ticks(self, now: float, final: bool) -> None:
+        for node, noise in self._noise.items():
+            if noise.holding:
+                self._node_lines(node, noise.flush() if final else noise.due(now))
 
     def info(self, text: str) -> None:
         self.err.write(f"clusterrun: {text if self.raw else safe(text)}\n")

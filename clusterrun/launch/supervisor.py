@@ -86,11 +86,11 @@ class Supervisor:
 
     def _spec(self, node: NodePlan) -> dict[str, Any]:
         # The workers' hook (stacks): stacks and the flight recorder for the hang watch; on a restart it also gives
-        # TORCHELASTIC_RESTART_COUNT clusterrun's count (torchrun's own is 0 in every fresh torchrun).
+        # TORCHELASTIC_RESTART_COUNT and _MAX_RESTARTS clusterrun's (torchrun's own are 0 in every fresh torchrun).
         return run_spec(node, self.plan.run_id, grace=self.settings.grace,
                         heartbeat_timeout=self.settings.heartbeat_timeout, stage=self._stage.get(node.name),
-                        script_args=len(self.plan.job.args),
-                        stacks=self.hang is not None or bool(self.plan.job.attempt), flight=self.hang is not None,
+                        script_args=len(self.plan.job.args), flight=self.hang is not None,
+                        stacks=self.hang is not None or bool(self.plan.job.attempt or self.plan.job.restarts),
                         load_every=self.settings.load_every if self.stragglers is not None else 0.0,
                         watch_interval=self.settings.watch_interval if self.watch is not None else None,
                         watch_dead_after=self.settings.watch_dead_after)
@@ -159,7 +159,7 @@ class Supervisor:
             # Once stopping, torchrun's own report (a ChildFailedError traceback) only repeats what the
             # summary says; it stays in launcher.log.
             if not self.phase.stopping or kind == protocol.ERROR:
-                self.console.node_line(name, text)
+                self.console.node_line(name, text, node.ranks, error=kind != protocol.LAUNCHER, now=now)
             if kind == protocol.ERROR:
                 node.reason = text
         elif kind == protocol.RANK_FAILED:

@@ -123,6 +123,9 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     ``status.json`` always ends up describing what happened, written atomically.
     """
     restarts = restarts or RestartSettings()
+    if plan.job.restarts != restarts.max_restarts:  # the workers see it as TORCHELASTIC_MAX_RESTARTS
+        plan = dataclasses.replace(build_plan(inv, dataclasses.replace(plan.job, restarts=restarts.max_restarts)),
+                                   probed=plan.probed)
     try:
         run_dir, plan = _new_run_dir(runs_dir, inv, plan)
         run_dir.write_json("plan.json", plan.to_dict())

@@ -9,8 +9,10 @@ directory) it also serves torch's flight recorder: a thread waits on the FIFO ``
 the agent writes to it, writes torch's JSON dump of this process's recent collectives to
 ``<dir>/flight-<pid>.json`` (a thread, because the main thread of a hung rank is blocked inside torch and
 would run no Python signal handler). On a restarted job it adds clusterrun's restart count to
-``TORCHELASTIC_RESTART_COUNT``. Then it runs the site's own ``sitecustomize``, if there is one further
-along the path, so nothing the environment sets up is lost.
+``TORCHELASTIC_RESTART_COUNT``, and on a job clusterrun may restart its ``--max-restarts`` to
+``TORCHELASTIC_MAX_RESTARTS`` (torchrun itself is told 0: clusterrun restarts the whole job). Then it
+runs the site's own ``sitecustomize``, if there is one further along the path, so nothing the
+environment sets up is lost.
 """
 
 import os
@@ -89,12 +91,17 @@ def _install_flight():
 
 def _restart_count():
     """A restarted job (clusterrun's attempt N) tells its workers so as torchrun would: TORCHELASTIC_RESTART_COUNT
-    counts clusterrun's restarts too, for scripts that resume from a checkpoint when it is above 0."""
-    ours = os.environ.get("CLUSTERRUN_RESTART_COUNT", "0")
-    if os.environ.get("LOCAL_RANK") is None or not ours.isdigit() or ours == "0":
+    counts clusterrun's restarts too, for scripts that resume from a checkpoint when it is above 0, and
+    TORCHELASTIC_MAX_RESTARTS counts the restarts clusterrun may make."""
+    if os.environ.get("LOCAL_RANK") is None:
         return
-    theirs = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(int(ours) + (int(theirs) if theirs.isdigit() else 0))
+    for ours, theirs in (("CLUSTERRUN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"),
+                         ("CLUSTERRUN_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS")):
+        add = os.environ.get(ours, "0")
+        if not add.isdigit() or add == "0":
+            continue
+        was = os.environ.get(theirs, "0")
+        os.environ[theirs] = str(int(add) + (int(was) if was.isdigit() else 0))
 
 
 def _chain():
