@@ -162,7 +162,12 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
                 console.print(f"rank {failure.rank} wrote nothing ({log} is empty)")
             from clusterrun.facts.hints import failure_hints
 
-            for hint in failure_hints(run_dir.tail(failure.node, failure.rank, 400)):
+            try:  # the failed node's data NIC, so that a hint naming an interface names a real one
+                nics = [(n.data_nic, n.data_address) for n in run_dir.read_plan().nodes
+                        if n.name == failure.node and n.data_nic and n.data_address]
+            except (OSError, ValueError, KeyError):
+                nics = []
+            for hint in failure_hints(run_dir.tail(failure.node, failure.rank, 400), nics=nics):
                 console.print(f"[bold yellow]hint:[/] {escape(hint)}")
         else:
             for line in _launcher_cause(run_dir, failure.node, tail_lines):
