@@ -99,6 +99,12 @@ def test_dry_run_prints_the_same_plan(capsys: pytest.CaptureFixture[str]) -> Non
     assert a == b
 
 
+def test_dry_run_shows_the_restarts_the_workers_will_see(capsys: pytest.CaptureFixture[str]) -> None:
+    code, dry, _ = cli(capsys, "up", "--dry-run", "--json", "--max-restarts", "3", TWO_NODE, TRAIN)
+    assert code == 0
+    assert {node["env"].get("CLUSTERRUN_MAX_RESTARTS") for node in json.loads(dry)["nodes"]} == {"3"}
+
+
 def test_bad_inventory_exit_code_and_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("nodes:\n  - name: a\n    hots: h\n")

@@ -105,13 +105,19 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     equivalent. SCRIPT alone (no INVENTORY, --ips, --hostfile or --slurm) runs on this machine.
     """
     from clusterrun.cli.render import plan_json, print_plan, print_summary
+    from clusterrun.launch.up import RestartSettings, execute, with_restarts
 
-    if dry_run:
+    run = inv.run
+    restarts = RestartSettings(
+        max_restarts=max_restarts if max_restarts is not None else run.max_restarts,
+        min_nodes=min_nodes if min_nodes is not None else run.min_nodes,
+        backoff=restart_backoff if restart_backoff is not None else run.restart_backoff)
+    if dry_run:  # exactly what `up` would run, TORCHELASTIC_MAX_RESTARTS included
+        plan = with_restarts(inv, plan, restarts.max_restarts)
         click.echo(plan_json(plan)) if as_json else print_plan(plan)
         return 0
     from clusterrun.launch.console import Console
     from clusterrun.launch.settings import SupervisorSettings
-    from clusterrun.launch.up import RestartSettings, execute
 
     console = Console(ranks=_parse_ranks(ranks), quiet=quiet, raw=raw)
     if detach and time_limit:
@@ -123,11 +129,6 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
         from clusterrun.doctor.gate import full_check
     settings = SupervisorSettings.for_run(inv.run, grace=grace, timeout=time_limit, path_watch=path_watch,
                                           on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang)
-    run = inv.run
-    restarts = RestartSettings(
-        max_restarts=max_restarts if max_restarts is not None else run.max_restarts,
-        min_nodes=min_nodes if min_nodes is not None else run.min_nodes,
-        backoff=restart_backoff if restart_backoff is not None else run.restart_backoff)
     if detach and (restarts.max_restarts or restarts.min_nodes):
         from clusterrun.errors import UsageError
 

@@ -107,6 +107,15 @@ class RestartSettings:
         return self.min_nodes is not None
 
 
+def with_restarts(inv: Inventory, plan: LaunchPlan, max_restarts: int) -> LaunchPlan:
+    """``plan`` for a run that clusterrun may restart ``max_restarts`` times (the workers see it as
+    TORCHELASTIC_MAX_RESTARTS): what ``up`` runs, and what ``up --dry-run`` shows."""
+    if plan.job.restarts == max_restarts:
+        return plan
+    return dataclasses.replace(build_plan(inv, dataclasses.replace(plan.job, restarts=max_restarts)),
+                               probed=plan.probed)
+
+
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             settings: SupervisorSettings | None = None, preflight_mode: str = "quick",
             detach: bool = False, full_check: FullCheck | None = None,
@@ -123,9 +132,7 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     ``status.json`` always ends up describing what happened, written atomically.
     """
     restarts = restarts or RestartSettings()
-    if plan.job.restarts != restarts.max_restarts:  # the workers see it as TORCHELASTIC_MAX_RESTARTS
-        plan = dataclasses.replace(build_plan(inv, dataclasses.replace(plan.job, restarts=restarts.max_restarts)),
-                                   probed=plan.probed)
+    plan = with_restarts(inv, plan, restarts.max_restarts)
     try:
         run_dir, plan = _new_run_dir(runs_dir, inv, plan)
         run_dir.write_json("plan.json", plan.to_dict())
