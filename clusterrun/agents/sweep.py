@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from clusterrun.agents.link import run_mode
 from clusterrun.agents.spec import ps_spec, sweep_spec
 from clusterrun.errors import ClusterrunError
+from clusterrun.plan import NodePlan
 from clusterrun.remote import protocol
 from clusterrun.transport.base import Transport
+from clusterrun.transport.fanout import FanOut, fan_out
 
 #: Seconds a sweep may take beyond its grace period (starting the agent, finding the processes).
 SWEEP_TIMEOUT = 30.0
@@ -30,6 +34,24 @@ def sweep(transport: Transport, *, python: str, run_id: str, node: str, grace: f
     signalled. Raises :class:`ClusterrunError` when the node cannot be reached or the sweep fails."""
     return _pids(transport, python, protocol.SWEEP, sweep_spec(run_id, node, grace), protocol.SWEPT,
                  timeout + grace)
+
+
+def sweep_everywhere(run_id: str, nodes: Sequence[NodePlan], transport_of: Callable[[NodePlan], Transport],
+                     grace: float, *, close: bool = False, slack: float = 15.0) -> FanOut[list[int]]:
+    """:func:`sweep` on every node at once: per node the pids it stopped, or why it could not be checked.
+
+    ``close``: close each node's transport afterwards (transports opened for this sweep); ``slack``: seconds the
+    whole sweep may take beyond one node's bound (more where each node still has to be connected to)."""
+
+    def one(node: NodePlan) -> list[int]:
+        transport = transport_of(node)
+        try:
+            return sweep(transport, python=node.python, run_id=run_id, node=node.name, grace=grace)
+        finally:
+            if close:
+                transport.close()
+
+    return fan_out(nodes, lambda n: n.name, one, label="sweep", deadline=grace + SWEEP_TIMEOUT + slack)
 
 
 def ps(transport: Transport, *, python: str, run_id: str, node: str, timeout: float = SWEEP_TIMEOUT) -> list[int]:

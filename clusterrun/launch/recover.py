@@ -19,7 +19,7 @@ import threading
 from collections.abc import Mapping
 
 from clusterrun.agents.collect import collect
-from clusterrun.agents.sweep import SWEEP_TIMEOUT, sweep
+from clusterrun.agents.sweep import sweep_everywhere
 from clusterrun.errors import ClusterrunError
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
@@ -113,9 +113,5 @@ def sweep_nodes(plan: LaunchPlan, transports: Mapping[str, Transport], grace: fl
     """Stop whatever of the run is left on every node of ``plan`` (before the next attempt starts).
 
     Returns ``({node: processes stopped}, {node: why it could not be checked})``."""
-
-    def one(node: NodePlan) -> int:
-        return len(sweep(transports[node.name], python=node.python, run_id=plan.run_id, node=node.name, grace=grace))
-
-    got = fan_out(plan.nodes, lambda n: n.name, one, label="sweep", deadline=grace + SWEEP_TIMEOUT + 15)
-    return got.results, got.problems
+    got = sweep_everywhere(plan.run_id, plan.nodes, lambda n: transports[n.name], grace)
+    return {name: len(pids) for name, pids in got.results.items()}, got.problems

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import time
 
-from clusterrun.agents.sweep import SWEEP_TIMEOUT, sweep
-from clusterrun.errors import ClusterrunError, UsageError
+from clusterrun.agents.sweep import sweep_everywhere
+from clusterrun.errors import UsageError
 from clusterrun.inventory.models import Inventory
-from clusterrun.plan import NodePlan
 from clusterrun.runs import RunDir, RunState, run_record, write_record
 from clusterrun.transport.factory import transport_for
-from clusterrun.transport.fanout import fan_out
 
 
 def run_inventory(run: RunDir) -> Inventory:
@@ -27,18 +25,10 @@ def sweep_run(run: RunDir, grace: float) -> dict[str, tuple[list[int], str | Non
     """``{node: (pids stopped, problem or None)}`` for every node of the run, swept in parallel."""
     inv = run_inventory(run)
     plan = run.read_plan()
-
-    def one(node: NodePlan) -> tuple[list[int], str | None]:
-        transport = transport_for(inv, inv.node(node.name))
-        try:
-            return sweep(transport, python=node.python, run_id=run.run_id, node=node.name, grace=grace), None
-        except ClusterrunError as exc:
-            return [], getattr(exc, "reason", None) or str(exc)
-        finally:
-            transport.close()
-
-    got = fan_out(plan.nodes, lambda n: n.name, one, label="sweep", deadline=SWEEP_TIMEOUT + grace + 30)
-    return {n.name: got.results.get(n.name) or ([], got.problems.get(n.name, "no answer")) for n in plan.nodes}
+    got = sweep_everywhere(run.run_id, plan.nodes, lambda n: transport_for(inv, inv.node(n.name)), grace,
+                           close=True, slack=30.0)
+    return {n.name: (got.results[n.name], None) if n.name in got.results else
+            ([], got.problems.get(n.name, "no answer")) for n in plan.nodes}
 
 
 def record_stopped(run: RunDir) -> None:
