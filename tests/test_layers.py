@@ -3,7 +3,7 @@
 From the bottom: errors and remote (node-side programs), inventory (models and loaders), facts (parsers of
 tool output, a node's NICs, log hints), plan/nccl/network (pure planning), transport, runs (the run record)
 and notify (webhooks), agents (clusterrun's side of the node agent: its specs, starting it, collect and sweep),
-launch (`up`), ops (exec, down, logs, init), doctor, cli. A module may import its own layer and those below,
+launch (`up`), ops (exec, down, logs, init), doctor, report (the HTML pages of runs and doctor rounds), cli. A module may import its own layer and those below,
 at the top of the file or inside a function alike.
 """
 
@@ -30,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"launch"},
     {"ops", "export"},
     {"doctor"},
+    {"report"},
     {"cli", "__main__", "__init__"},
 ]
 LEVEL = {part: i for i, layer in enumerate(LAYERS) for part in layer}

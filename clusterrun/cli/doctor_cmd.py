@@ -45,7 +45,8 @@ Examples:
 
 Exit code: 0 when every check passed (or did not apply), 3 when there are warnings
 but no failure, 1 when a check failed, 2 for bad input. The whole report, with the
-commands run and their output, is saved in runs/doctor-<time>/.""")
+commands run and their output, is saved in runs/doctor-<time>/, with report.html:
+the same on one page, with each network's matrix of measured pairs.""")
 @click.argument("inventory", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @source_options
 @click.option("--checks", "only", metavar="NAMES", help="Run only these checks or groups, e.g. net,gpu.busy.")
@@ -55,6 +56,8 @@ commands run and their output, is saved in runs/doctor-<time>/.""")
 @click.option("-v", "--verbose", is_flag=True, help="Also list every passing finding.")
 @click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Where the report directory doctor-<time>/ goes.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the round's HTML page here (default: report.html in the report directory).")
 @click.option("--master-port", type=click.IntRange(1, 65535), help="Port to test on rank 0 (default: the inventory's).")
 @click.option("--bandwidth-seconds", type=click.FloatRange(0.5, 60), default=2.0, show_default=True,
               help="Length of each bandwidth transfer (per direction of a pair).")
@@ -69,7 +72,7 @@ commands run and their output, is saved in runs/doctor-<time>/.""")
 @click.option("--path", "tool_path", metavar="DIRS",
               help="Directories (colon-separated) searched first for tools on the nodes, e.g. a perftest build.")
 def doctor(inventory: Path | None, only: str | None, skip: str | None, list_checks: bool, as_json: bool,
-           verbose: bool, runs_dir: Path, master_port: int | None, bandwidth_seconds: float, bandwidth_rounds: int,
+           verbose: bool, runs_dir: Path, html_file: Path | None, master_port: int | None, bandwidth_seconds: float, bandwidth_rounds: int,
            bandwidth_tool: str, allreduce_mib: float, timeout: float, tool_path: str | None,
            **sources: Any) -> int:
     """Check that every node of INVENTORY can take part in training, and say what to fix.
@@ -110,13 +113,18 @@ def doctor(inventory: Path | None, only: str | None, skip: str | None, list_chec
     from clusterrun.doctor.run import run_doctor
 
     interactive = sys.stderr.isatty() and not as_json
-    if interactive:
-        from rich.console import Console
+    try:
+        if interactive:
+            from rich.console import Console
 
-        with Console(stderr=True).status("doctor: starting") as status:
-            report = run_doctor(inv, checks, options, report_dir, lambda m: status.update(f"doctor: {m}"))
-    else:
-        report = run_doctor(inv, checks, options, report_dir, lambda m: click.echo(f"clusterrun: doctor: {m}", err=True))
+            with Console(stderr=True).status("doctor: starting") as status:
+                report = run_doctor(inv, checks, options, report_dir, lambda m: status.update(f"doctor: {m}"))
+        else:
+            report = run_doctor(inv, checks, options, report_dir,
+                                lambda m: click.echo(f"clusterrun: doctor: {m}", err=True))
+    except KeyboardInterrupt:
+        _write_page(report_dir, html_file, as_json)  # what the round found before it was cut short
+        raise
     if as_json:
         import json
 
@@ -125,4 +133,19 @@ def doctor(inventory: Path | None, only: str | None, skip: str | None, list_chec
         from clusterrun.doctor.render import print_report
 
         print_report(report, sys.stdout, verbose=verbose)
+    _write_page(report_dir, html_file, as_json)
     return report.exit_code
+
+
+def _write_page(report_dir: Path, html_file: Path | None, as_json: bool) -> None:
+    """The round's HTML page; its path on stdout (stderr with --json, whose stdout is the report)."""
+    if not report_dir.is_dir():
+        return
+    from clusterrun.report import write_doctor_page
+
+    try:
+        page = write_doctor_page(report_dir, html_file)
+    except OSError as exc:
+        click.echo(f"clusterrun: doctor: cannot write the HTML page: {exc}", err=True)
+        return
+    click.echo(f"page: {page}", err=as_json)

@@ -216,7 +216,14 @@ def down(run: str, runs_dir: Path, grace: float) -> int:
             click.echo(f"{name}: {'stopped ' + str(len(pids)) + ' process(es)' if pids else 'nothing left'}")
     if not failed:
         record_stopped(found)
+        _leave_page(found.path)
     return 1 if failed else 0
+
+
+def _leave_page(path: Path) -> None:
+    from clusterrun.cli.report_cmd import leave_page
+
+    leave_page(path)
 
 
 def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool,
@@ -240,6 +247,7 @@ def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool,
         unreachable_rounds = unreachable_rounds + 1 if problems else 0
         if not problems and not any(r.alive for r in results.values()):
             record_detached_end(found, results)
+            _leave_page(found.path)
             return 0
         if not follow:
             return 0

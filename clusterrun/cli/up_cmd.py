@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -134,8 +135,13 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
 
         raise UsageError("--max-restarts and --min-nodes need clusterrun to stay with the job; they cannot be used "
                          "with --detach")
-    outcome, run_dir = execute(inv, plan, runs_dir, console, settings, preflight_mode, detach=detach,
-                               full_check=full_check, notify=[*inv.run.notify, *notify], restarts=restarts)
+    from clusterrun.cli.report_cmd import leave_page
+
+    try:
+        outcome, run_dir = execute(inv, plan, runs_dir, console, settings, preflight_mode, detach=detach,
+                                   full_check=full_check, notify=[*inv.run.notify, *notify], restarts=restarts)
+    finally:  # the run's page, however it ended (a run that did not start too); every attempt is on it
+        leave_page(Path(runs_dir) / plan.run_id)
     if outcome is None:
         click.echo(plan.run_id)
         click.echo(f"clusterrun: detached: run {plan.run_id} goes on without clusterrun; follow it with "

@@ -65,6 +65,27 @@ class Finding:
         return {k: v for k, v in out.items() if v not in (None, (), [], {})}
 
 
+@dataclass(frozen=True)
+class PairMeasure:
+    """One direction of a pair measured on one network (``net.ping``: round trip in ms, ``net.bandwidth``: bit/s),
+    kept whole so the report page can draw each network's matrix. ``ok`` is None for a pair not tried (an end was
+    known dead), False when nothing got through; ``value`` is None when nothing was measured."""
+
+    check: str
+    network: str  # the subnet
+    src: str
+    dst: str
+    value: float | None
+    ok: bool | None
+    src_nic: str | None = None
+    dst_nic: str | None = None
+    data_network: bool = False
+    note: str = ""  # why nothing was measured
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def worst(verdicts: list[Verdict] | tuple[Verdict, ...]) -> Verdict:
     """The most severe verdict; ``skip`` for none."""
     return max(verdicts, key=lambda v: v.severity, default=Verdict.skipped)

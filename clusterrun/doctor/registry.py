@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterrun.doctor.facts import NodeFacts
-from clusterrun.doctor.model import Finding, Scope
+from clusterrun.doctor.model import Finding, PairMeasure, Scope
 
 if TYPE_CHECKING:
     from clusterrun.inventory.models import Inventory, Node
@@ -47,6 +47,7 @@ class Context:
     report_dir: Path | None = None
     progress: Callable[[str], None] = lambda _msg: None
     extra: dict[str, Any] = field(default_factory=dict)
+    measures: list[PairMeasure] = field(default_factory=list)  # every pair the pair checks measured (for the page)
 
     def nodes(self) -> list[Node]:
         return list(self.inventory.nodes)

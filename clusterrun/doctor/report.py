@@ -9,7 +9,7 @@ from typing import Any
 
 from clusterrun.doctor.facts import NodeFacts
 from clusterrun.doctor.fold import Folded, fold
-from clusterrun.doctor.model import Finding, Verdict, worst
+from clusterrun.doctor.model import Finding, PairMeasure, Verdict, worst
 from clusterrun.doctor.registry import Check
 
 #: Exit codes: every check passed (or was skipped) / a warning but no failure / a failure.
@@ -26,6 +26,9 @@ class Report:
     started: float = 0.0
     duration: float = 0.0
     directory: Path | None = None
+    measures: list[PairMeasure] = field(default_factory=list)  # every pair measured, for the matrices of the page
+    ran: list[str] = field(default_factory=list)  # the checks that ran to their end
+    cut_short: str | None = None  # why the round ended before every check ran (Ctrl-C, an error)
 
     def problems(self) -> list[Folded]:
         """Failures, then warnings, each told once for all the nodes or pairs it was found on."""
@@ -60,9 +63,13 @@ class Report:
             "verdict": self.verdict.value, "exit_code": self.exit_code, "nodes": self.nodes,
             "started": self.started, "duration_s": self.duration, "counts": self.counts(),
             "checks": [{"name": c.name, "title": c.title, "scope": c.scope.value, "verdict": self.verdict_of(c.name).value,
-                        "findings": [f.to_dict() for f in self.of(c.name)]} for c in self.checks],
+                        "findings": [f.to_dict() for f in self.of(c.name)],
+                        **({} if c.name in self.ran or not self.cut_short else {"ran": False})}
+                       for c in self.checks],
             "recommended": self.recommended,
             "directory": str(self.directory) if self.directory else None,
+            "measures": [m.to_dict() for m in self.measures],
+            **({"cut_short": self.cut_short} if self.cut_short else {}),
         }
 
     def save(self, directory: Path) -> None:

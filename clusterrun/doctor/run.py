@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -79,12 +80,21 @@ def run_doctor(inv: Inventory, checks: list[Check], options: Options, report_dir
             progress(f"probing {len(inv.nodes)} node(s)")
             report.facts = probe_all(inv, dict(transports), options.path)
             inv = with_probed_gpus(with_probed_nics(inv, report.facts), report.facts)
-            ctx = Context(inv, report.facts, options, transports, report_dir, progress)
+            ctx = Context(inv, report.facts, options, transports, report_dir, progress, measures=report.measures)
             for check in sorted(checks, key=lambda c: c.active):  # facts-only checks first: they take no time
                 if check.active:
                     progress(check.title)
                 report.findings += run_check(check, ctx)
+                report.ran.append(check.name)
             report.recommended = recommend(ctx, report.findings)
+        except BaseException as exc:
+            # Cut short (Ctrl-C, a lost terminal): what was found so far is saved, and says what did not run.
+            report.cut_short = ("interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
+                                else f"{type(exc).__name__}: {exc}")
+            report.duration = time.monotonic() - t0
+            with contextlib.suppress(OSError):
+                report.save(report_dir)
+            raise
         finally:
             if own:
                 for transport in transports.values():

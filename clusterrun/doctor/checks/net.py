@@ -25,7 +25,7 @@ from clusterrun.doctor.checks.paths import (
     tool_argv,
 )
 from clusterrun.doctor.contradictions import contradictions, not_tested
-from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
+from clusterrun.doctor.model import Evidence, Finding, PairMeasure, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
 from clusterrun.doctor.schedule import round_robin
 from clusterrun.errors import ClusterrunError, ParseError, PlanError
@@ -209,6 +209,12 @@ def bandwidth(ctx: Context) -> Iterator[Finding]:
                 if t.connected is not None:
                     book.record(data.subnet, t.src, t.dst, t.connected)
             transfers += done
+    ctx.measures += [PairMeasure("net.bandwidth", data.subnet, t.src, t.dst, t.bps or None, bool(t.bps),
+                                 data.members[t.src].nic, data.members[t.dst].nic, True,
+                                 "" if t.bps else (t.error or "nothing got through")) for t in transfers]
+    ctx.measures += [PairMeasure("net.bandwidth", data.subnet, a, b, None, None, data.members[a].nic,
+                                 data.members[b].nic, True, "not tried: an end is known dead")
+                     for a, peers in untried.items() for b in sorted(peers)]
     yield from _judge_bandwidth(ctx, data, transfers, tool, book.dead(data.subnet), untried)
 
 

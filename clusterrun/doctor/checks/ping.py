@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from clusterrun.doctor.checks.paths import Endpoint, Network, has_tool, ledger, networks, parallel, tool_argv
 from clusterrun.doctor.contradictions import not_tested
-from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
+from clusterrun.doctor.model import Evidence, Finding, PairMeasure, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ClusterrunError, ParseError
 from clusterrun.facts.parsers import ping
@@ -178,7 +178,23 @@ def pairwise_ping(ctx: Context) -> Iterator[Finding]:
     outcomes = [o for done in parallel(jobs, limit=NODES_AT_ONCE) for o in done]
     for o in outcomes:
         book.record(o.net.subnet, o.src.node, o.dst.node, o.ok)
+    ctx.measures += _measures(nets, outcomes, untried)
     yield from _judge_pings(nets, outcomes, untried)
+
+
+def _measures(nets: list[Network], outcomes: list[PingOutcome],
+              untried: Mapping[str, Mapping[str, set[str]]]) -> list[PairMeasure]:
+    """Every directed pair's round trip (ms; None where no reply or no statistics), and the pairs not tried."""
+    out = [PairMeasure("net.ping", o.net.subnet, o.src.node, o.dst.node,
+                       o.result.rtt_avg_ms if o.result is not None and o.ok else None, o.ok, o.src.nic, o.dst.nic,
+                       o.net.data, "" if o.ok else (o.error or "no reply")) for o in outcomes]
+    for net in nets:
+        for node, peers in untried.get(net.subnet, {}).items():
+            for peer in sorted(peers):
+                if node in net.members and peer in net.members:
+                    out.append(PairMeasure("net.ping", net.subnet, node, peer, None, None, net.members[node].nic,
+                                           net.members[peer].nic, net.data, "not tried: an end is known dead"))
+    return out
 
 
 def _judge_pings(nets: list[Network], outcomes: list[PingOutcome],

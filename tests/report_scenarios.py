@@ -1,0 +1,119 @@
+"""What the page tests and bench/screenshots.py show: the jobs of a failing and of a restarted run, and
+directories as big clusters leave them (a doctor round and a run of N nodes, written here as clusterrun writes
+them, from its own records), to hold the pages' size and to look at."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+from clusterrun.doctor.model import PairMeasure
+from clusterrun.runs import NodeRecord, RankRecord, RunDir, RunRecord, RunState, write_record
+from clusterrun.runs.judge import Failure, RankState
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real"
+
+#: A 4x2 run whose global rank 5 fails with exit code 3 after a few lines; the others wait to be stopped.
+FAILING_JOB = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+for step in range(3):
+    print(f"rank {rank} step {step}", flush=True)
+    time.sleep(0.2)
+if rank == 5:
+    print("loading data/shard-5.bin", flush=True)
+    print("FileNotFoundError: data/shard-5.bin", file=sys.stderr, flush=True)
+    sys.exit(3)
+time.sleep(60)
+"""
+
+#: Rank 1 fails in attempt 0 (exit code 3) and the job succeeds in attempt 1.
+RESTARTED_JOB = """
+import os, sys, time
+rank, attempt = int(os.environ["RANK"]), int(os.environ["CLUSTERRUN_RESTART_COUNT"])
+print(f"attempt {attempt} rank {rank}", flush=True)
+time.sleep(0.5)
+if attempt == 0 and rank == 1:
+    print("CUDA error: an illegal memory access was encountered", flush=True)
+    sys.exit(3)
+print(f"rank {rank} finished", flush=True)
+"""
+
+
+def _facts(gpus: int, model: str, nic: str, mbit: int) -> str:
+    report = {"net": {"speeds": {nic: mbit, "eth0": 1000}, "rdma": [], "ip": "", "ip_error": "not recorded"},
+              "gpus": gpus, "gpu_model": model}
+    return f"$ python -c <nodefacts.py>\n# exit 0\nCLUSTERRUN-FACTS {json.dumps(report)}\n"
+
+
+def big_doctor_round(directory: Path, n: int) -> Path:
+    """A doctor round of ``n`` nodes: every pair pinged on two networks, three bandwidth rounds on the data
+    network, node 3's data NIC slow, an 8-GPU topology per node (one node wired differently)."""
+    names = [f"gpu{i:03d}" for i in range(n)]
+    measures = []
+    for net, data in (("10.1.0.0/16", True), ("192.168.0.0/16", False)):
+        nic = "ens1" if data else "eth0"
+        for a, b in itertools.permutations(names, 2):
+            rtt = 0.05 + 0.001 * ((hash((a, b)) % 50)) + (2.0 if data and "gpu003" in (a, b) else 0.0)
+            measures.append(PairMeasure("net.ping", net, a, b, rtt, True, nic, nic, data).to_dict())
+    for k in range(1, 4):
+        for i, a in enumerate(names):
+            b = names[(i + k) % n]
+            bps = 3e9 if "gpu003" in (a, b) else 9.4e9
+            measures.append(PairMeasure("net.bandwidth", "10.1.0.0/16", a, b, bps, True, "ens1", "ens1",
+                                        True).to_dict())
+    findings = [{"check": "net.bandwidth", "verdict": "warn", "summary": "gpu003: ens1 sends at 3.00 Gbit/s at best",
+                 "node": "gpu003", "subject": "ens1", "hint": "check its negotiated speed (`ethtool`)"}]
+    report = {"verdict": "warn", "exit_code": 3, "nodes": names, "started": 1.8e9, "duration_s": 42.0,
+              "counts": {"pass": 2, "warn": 1, "fail": 0, "skip": 0},
+              "checks": [{"name": "node.ssh", "title": "SSH", "scope": "node", "verdict": "pass",
+                          "findings": [{"check": "node.ssh", "verdict": "pass", "summary": f"{x}: ok", "node": x}
+                                       for x in names]},
+                         {"name": "net.bandwidth", "title": "TCP bandwidth", "scope": "pair", "verdict": "warn",
+                          "findings": findings}],
+              "recommended": "", "directory": str(directory), "measures": measures}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "report.json").write_text(json.dumps(report))
+    topo = (FIXTURES / "topo" / "8gpu_h100_nv18.txt").read_text()
+    other = (FIXTURES / "topo" / "8gpu_a100_nv12.txt").read_text()
+    for i, name in enumerate(names):
+        where = directory / "evidence" / name
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "facts.txt").write_text(_facts(7 if i == 5 else 8, "NVIDIA H100 80GB HBM3", "ens1",
+                                                25000 if i == 3 else 100000))
+        (where / "nvidia_topo.txt").write_text(f"$ nvidia-smi topo -m\n# exit 0\n{other if i == 6 else topo}\n")
+    return directory
+
+
+def big_run(directory: Path, n: int, nproc: int) -> Path:
+    """A failed run of ``n`` nodes x ``nproc`` ranks, written with clusterrun's own record: rank 13 fails."""
+    directory.mkdir(parents=True, exist_ok=True)
+    run = RunDir(directory)
+    t0 = 1.8e9
+    nodes_plan, nodes = [], {}
+    for i in range(n):
+        name = f"gpu{i:03d}"
+        ranks = {r: RankRecord(r, r - i * nproc, RankState.failed if r == 13 else RankState.stopped,
+                               3 if r == 13 else 143, None if r == 13 else 15, t0 + 5, t0 + 60)
+                 for r in range(i * nproc, (i + 1) * nproc)}
+        nodes[name] = NodeRecord(RankState.failed if i == 1 else RankState.stopped, 1, None, t0, t0 + 2, t0 + 61,
+                                 ranks)
+        nodes_plan.append({"name": name, "host": f"10.0.{i // 256}.{i % 256}", "transport": "ssh", "node_rank": i,
+                           "nproc_per_node": nproc, "ranks": [i * nproc, (i + 1) * nproc - 1],
+                           "gpus": list(range(nproc)), "data_nic": "ens1", "data_address": f"10.1.0.{i % 256}",
+                           "python": "python", "argv": ["torchrun", "train.py"], "cwd": "~", "run_dir": "/tmp/x",
+                           "script": "train.py", "env": {"NCCL_SOCKET_IFNAME": "=ens1", "HF_TOKEN": "hf_secret"}})
+        (directory / name).mkdir(exist_ok=True)
+        for r in ranks:
+            (directory / name / f"rank{r}.log").write_text(f"rank {r} step 1\n" * 20)
+    (directory / "plan.json").write_text(json.dumps({"run_id": directory.name, "script": "train.py", "args": [],
+                                                     "nnodes": n, "world_size": n * nproc, "master_addr": "10.1.0.0",
+                                                     "master_port": 29500, "data_network": "10.1.0.0/16",
+                                                     "nodes": nodes_plan}))
+    write_record(run, RunRecord(directory.name, RunState.failed, t0, t0 + 62, 3,
+                                first_failure=Failure("gpu001", 13, 3, None, "exited while others ran"),
+                                events=({"time": t0 + 30, "node": "gpu004", "kind": "straggler",
+                                         "text": "gpu004 looks like a straggler"},),
+                                nodes=nodes))
+    return directory
