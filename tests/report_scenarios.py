@@ -54,8 +54,8 @@ def big_doctor_round(directory: Path, n: int) -> Path:
     measures = []
     for net, data in (("10.1.0.0/16", True), ("192.168.0.0/16", False)):
         nic = "ens1" if data else "eth0"
-        for a, b in itertools.permutations(names, 2):
-            rtt = 0.05 + 0.001 * ((hash((a, b)) % 50)) + (2.0 if data and "gpu003" in (a, b) else 0.0)
+        for (i, a), (j, b) in itertools.permutations(enumerate(names), 2):
+            rtt = 0.05 + 0.001 * ((7 * i + 13 * j) % 50) + (2.0 if data and "gpu003" in (a, b) else 0.0)
             measures.append(PairMeasure("net.ping", net, a, b, rtt, True, nic, nic, data).to_dict())
     for k in range(1, 4):
         for i, a in enumerate(names):

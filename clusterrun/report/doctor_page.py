@@ -35,7 +35,9 @@ def doctor_page(found: Round) -> str:
     r = found.report
     verdict = str(r.get("verdict") or "unknown")
     counts = r.get("counts") or {}
-    sub = (f"{mark(verdict)} &nbsp; {len(found.nodes)} node(s), started {esc(when(r.get('started')))}, took "
+    if r.get("cut_short"):
+        verdict = "cut short"  # what it found so far is no verdict on the cluster
+    sub = (f"{mark(verdict if verdict != 'cut short' else 'interrupted', verdict)} &nbsp; {len(found.nodes)} node(s), started {esc(when(r.get('started')))}, took "
            f"{esc(seconds(r.get('duration_s')))}; " + ", ".join(f"{esc(counts.get(k, 0))} {k}" for k in
                                                                   ("pass", "warn", "fail", "skip") if counts)
            + f" &nbsp; <span class=\"mono\">{esc(found.directory)}/</span>")

@@ -130,7 +130,13 @@ def _timeline(data: RunData) -> str:
                     for a in rec.attempts[1:] if a.started is not None]
         rows.append(charts.Row("run", points=[*run_points, *restarts]))
     phases = data.phases()
-    failure = rec.first_failure
+    failure = _last_failure(data)
+    earlier: dict[tuple[str, int], list[charts.Point]] = {}  # a rank's failures in earlier attempts
+    for a in rec.attempts[:-1]:
+        f = a.first_failure
+        if f is not None and f.rank is not None:
+            earlier.setdefault((f.node, f.rank), []).append(charts.Point(
+                (a.ended or end) - t0, "\u2717", f"attempt {a.number}: {f.describe()}", VERMILLION))
     for name in data.node_names():
         node = rec.nodes.get(name)
         spans, points = [], []
@@ -159,7 +165,7 @@ def _timeline(data: RunData) -> str:
             if node.launched:
                 points.append(charts.Point(node.launched - t0, "\u25b7", f"{name}: torchrun started", "#222"))
         points += [_event_point(e, t0) for e in rec.events if e.get("node") == name]
-        strong = failure is not None and failure.node == name and failure.rank is None
+        strong = failure == (name, None)
         rows.append(charts.Row(name, spans, points, strong))
         for p in (p for p in phases if p.node == name):
             rows.append(charts.Row(f"  {name} {p.name}", [charts.Span(p.start - t0, (p.end or p.start) - t0,
@@ -169,12 +175,14 @@ def _timeline(data: RunData) -> str:
             if rank.started is None:
                 continue
             code = _code(rank.exit_code, rank.signal)
-            strong = failure is not None and failure.node == name and failure.rank == r
             label = rank.state.value + ("" if code == "-" else f" {code}")
             rows.append(charts.Row(f"  {name} rank {r}", [charts.Span(
                 rank.started - t0, (rank.ended or end) - t0, rank.state.value,
                 f"rank {r} on {name}: {rank.state.value}, exit {code}, ran {seconds((rank.ended or end) - rank.started)}",
-                label)], strong=strong))
+                label)], earlier.pop((name, r), []), strong=failure == (name, r)))
+        for (node_name, r), marks in sorted(earlier.items()):
+            if node_name == name and not (node and r in node.ranks and node.ranks[r].started is not None):
+                rows.append(charts.Row(f"  {name} rank {r}", points=marks))
     legend = ("<p class=\"legend\">Seconds since the start. Bars: \u2713 succeeded (blue), \u2717 failed (hatched), "
               "\u25a0 stopped (grey), unknown (light grey); \u25b7 torchrun started, \u25c6 data path lost, "
               "\u25c7 back, \u25cf hang, \u25a0 straggler, \u21bb restart, \u2605 spare used. The row of the first "
@@ -186,6 +194,16 @@ def _timeline(data: RunData) -> str:
             [esc(p.node), esc(p.name), f"{p.start - t0:.2f}s", esc(seconds(p.end - p.start) if p.end else "-")]
             for p in phases], numeric=(2, 3)))
     return out
+
+
+def _last_failure(data: RunData) -> tuple[str, int | None] | None:
+    """(node, rank) of the first failure when it happened in the attempt the record's nodes are of (the last)."""
+    failure = data.record.first_failure
+    if failure is None:
+        return None
+    attempt = data.failure_attempt(failure)
+    last = data.record.attempts[-1].number if data.record.attempts else None
+    return (failure.node, failure.rank) if attempt is None or attempt == last else None
 
 
 def _event_point(event: Mapping[str, Any], t0: float) -> charts.Point:
@@ -202,12 +220,12 @@ def _rank_table(data: RunData) -> str:
     if not rec.nodes:
         return ""
     received = data.received()
-    failure = rec.first_failure
+    failure = _last_failure(data)
     rows = []
     for name, node in rec.nodes.items():
         node_state = node.state.value if node.state else rec.state.value
         for r, rank in sorted(node.ranks.items()):
-            first = failure is not None and failure.node == name and failure.rank == r
+            first = failure == (name, r)
             got = received.get((name, r))
             rows.append([esc(name), ("<strong>" if first else "") + esc(r) + (" \u2190 first failure</strong>"
                                                                                if first else ""),
@@ -219,7 +237,8 @@ def _rank_table(data: RunData) -> str:
             rows.append([esc(name), "-", "-", mark(node_state), esc(_code(node.exit_code, None)), "-", "-", "-"])
     reasons = [[esc(n), mark(o.state.value if o.state else "unknown"), esc(o.reason)] for n, o in rec.nodes.items()
                if o.reason and (o.state is None or o.state.value != "succeeded")]
-    return ("<h2>Nodes and ranks</h2>" + table(["node", "rank", "local", "state", "exit", "ran", "output", "lines"],
+    last = f" (attempt {rec.attempts[-1].number}, the last)" if rec.attempts else ""
+    return (f"<h2>Nodes and ranks{last}</h2>" + table(["node", "rank", "local", "state", "exit", "ran", "output", "lines"],
                                                  rows, numeric=(1, 2, 4, 5, 6, 7))
             + (table(["node", "state", "why"], reasons) if reasons else ""))
 
