@@ -1,11 +1,13 @@
 """The HTML pages of real doctor rounds and runs on the simulated cluster, shown in headless chromium: the doctor
 page of a round with a dead data NIC, the page of a failing 4x2 run, the page of a restarted run. Each page's
-screenshot is kept (in $CLUSTERRUN_SCREENSHOTS when set, else beside the test's files) for a person to look at."""
+screenshot and a copy of it are kept (in $CLUSTERRUN_SCREENSHOTS when set, else beside the test's files) for a person
+to look at."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,7 @@ def assert_offline(page: Path) -> None:
 def keep_screenshot(page: Path, tmp_path: Path, name: str, height: int = 2200) -> Path:
     where = Path(os.environ.get("CLUSTERRUN_SCREENSHOTS") or tmp_path)
     png = screenshot(page, where / f"{name}.png", height=height)
+    shutil.copy(page, where / f"{name}.html")  # the page itself, beside its picture
     assert png.stat().st_size > 10_000  # a picture, not a blank window
     return png
 

@@ -240,13 +240,16 @@ def timeline(rows: Sequence[Row], total: float, *, bands: Sequence[Span] = (), l
             w = max(2.0, x(s.end) - x(s.start))
             out.append(f'<rect x="{x(s.start):.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" fill="{fill}"'
                        f' stroke="#333" stroke-width="0.5"><title>{esc(s.title)}</title></rect>')
-            if s.label and w > 6 * len(s.label):
+            if s.label and w > 6 * len(s.label) + 10:
                 # dark on light bars; on dark or hatched ones white, or dark with a white halo
                 colour, halo = (("#000", "") if s.state in ("unknown", "running") else
                                 ("#000", ' stroke="#fff" stroke-width="3" paint-order="stroke"')
                                 if s.state == "failed" else ("#fff", ""))
-                out.append(f'<text x="{x(s.start) + 3:.1f}" y="{y + 13}" font-size="10" fill="{colour}"{halo} '
+                out.append(f'<text x="{x(s.start) + 10:.1f}" y="{y + 13}" font-size="10" fill="{colour}"{halo} '
                            f'font-weight="600" pointer-events="none">{esc(s.label)}</text>')
+            elif s.label and x(s.end) + 6 * len(s.label) < name_w + plot_w:  # beside a bar too short for it
+                out.append(f'<text x="{x(s.end) + 4:.1f}" y="{y + 13}" font-size="10" fill="#000" font-weight="600" '
+                           f'pointer-events="none">{esc(s.label)}</text>')
         for p in r.points:
             out.append(f'<text x="{x(p.at):.1f}" y="{y + 14}" font-size="13" text-anchor="middle" fill="{p.colour}" '
                        f'font-weight="700">{esc(p.glyph)}<title>{esc(p.title)}</title></text>')
