@@ -48,6 +48,8 @@ def test_detached_job_runs_on_and_logs_follow_it_to_its_end(sim_cluster: SimClus
             f"[{node}:{rank}] tick {i} rank {rank}" for i in range(4)]
     status = json.loads(run_clusterrun("status", run_id, "--json", cwd=tmp_path).stdout)
     assert status["state"] == "succeeded" and status["exit_code"] == 0
+    # The run's page, written at the start (detached) and again once its end was recorded.
+    assert "clusterrun run " + run_id + ": succeeded" in (tmp_path / "runs" / run_id / "report.html").read_text()
     assert sim_cluster.wait_no_processes(run_id, 5) == {}
 
 

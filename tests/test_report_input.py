@@ -63,6 +63,18 @@ def test_run_page_of_an_older_run_directory(tmp_path: Path) -> None:
     assert "hf_secret" not in text and "HF_TOKEN" in text and "*** (9 characters)" in text
 
 
+def test_run_page_shows_the_nodes_launch_phases_when_the_record_has_them(tmp_path: Path) -> None:
+    run = big_run(tmp_path / "20261125-101500-a1b2", 2, 1)
+    status = json.loads((run / "status.json").read_text())
+    t0 = status["started"]
+    status["timeline"] = {"gpu000": {"connect": [t0, t0 + 0.4], "agent": {"start": t0 + 0.4, "end": t0 + 1.2}},
+                          "gpu001": {"connect": [t0, None], "bogus": "x"}}
+    (run / "status.json").write_text(json.dumps(status))
+    text = page_text(write_run_page(run))
+    assert "Launch phases" in text
+    assert "gpu000 connect 0.00s 0.4s" in text and "gpu000 agent 0.40s 0.8s" in text and "gpu001 connect" in text
+
+
 def test_doctor_page_of_a_round_cut_before_its_report(tmp_path: Path) -> None:
     round_dir = big_doctor_round(tmp_path / "doctor-20261125-101500", 3)
     (round_dir / "report.json").unlink()

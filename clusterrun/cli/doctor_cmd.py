@@ -148,4 +148,5 @@ def _write_page(report_dir: Path, html_file: Path | None, as_json: bool) -> None
     except OSError as exc:
         click.echo(f"clusterrun: doctor: cannot write the HTML page: {exc}", err=True)
         return
-    click.echo(f"page: {page}", err=as_json)
+    # With --json stdout is the report: the path goes to stderr, as doctor's progress does.
+    click.echo(f"clusterrun: doctor: page: {page}" if as_json else f"page: {page}", err=as_json)
