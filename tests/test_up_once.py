@@ -178,4 +178,7 @@ def test_preflight_full_runs_doctor_while_the_agents_wait(sim_cluster: SimCluste
     assert "hello from 0" in done.stdout and "hello from 1" in done.stdout
     pre = json.loads((the_run(tmp_path) / "preflight.json").read_text())
     assert pre["mode"] == "full" and pre["doctor"]["failures"] == [] and pre["passed"] is True
+    # Both pages: doctor's round in the run's doctor/, and the run's, which points to it.
+    assert (the_run(tmp_path) / "doctor" / "report.html").is_file()
+    assert 'href="doctor/report.html"' in (the_run(tmp_path) / "report.html").read_text()
     assert not wait_no_agents(sim_cluster, 2)

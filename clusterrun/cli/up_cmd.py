@@ -127,7 +127,10 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
         raise UsageError("--timeout needs clusterrun to stay with the job; it cannot be used with --detach")
     full_check = None
     if preflight_mode == "full":
-        from clusterrun.doctor.gate import full_check
+        from clusterrun.cli.report_cmd import with_doctor_page
+        from clusterrun.doctor.gate import full_check as doctor_check
+
+        full_check = with_doctor_page(doctor_check)
     settings = SupervisorSettings.for_run(inv.run, grace=grace, timeout=time_limit, path_watch=path_watch,
                                           on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang)
     if detach and (restarts.max_restarts or restarts.min_nodes):

@@ -46,6 +46,9 @@ def run_page(data: RunData) -> str:
     if rec.state.value == "lost":
         body.append("<p>" + mark("lost") + " clusterrun stopped without recording the end; <code>clusterrun down "
                     f"{esc(data.run.run_id)}</code> stops what is left.</p>")
+    if (data.run.path / "doctor" / "report.html").is_file():
+        body.append('<p>Before the start, doctor\'s network checks (<code>--preflight full</code>): '
+                    '<a href="doctor/report.html">their page</a>.</p>')
     body += [_failure(data), _problems(data), _attempts(data), _timeline(data), _rank_table(data), _output(data),
              _events(data), _plan(data)]
     if rec.notes:
