@@ -151,3 +151,32 @@ def test_a_page_that_says_what_is_missing_shows_in_a_browser(tmp_path: Path) -> 
     (run / "status.json").write_text('{"run_id": "20261125-101500-a1b2", "sta')
     text = " ".join(text_of(dom(write_run_page(run))).split())
     assert "missing: status.json cannot be read" in text
+
+
+@pytest.mark.parametrize("status", [
+    {"state": "failed", "nodes": {"gpu000": {"ranks": {"0": "x", "y": {}}, "started": "soon"}}},
+    {"state": "running", "events": [{"time": "x", "kind": 3}, "not an event", {"node": "gpu000"}]},
+    {"state": "failed", "attempts": [{"attempt": "x", "nodes": "gpu000", "started": None}, 5],
+     "first_failure": {"node": None, "rank": "1"}},
+    {"state": "succeeded", "logs": {"received": {"a/b/c": 1, "gpu000/0/stdout": {"bytes": "many"}}}},
+    {"state": "failed", "timeline": [{"node": "gpu000", "phase": "connect", "start": "x"}, 7], "started": 1.8e9},
+], ids=["ranks", "events", "attempts", "logs", "timeline"])
+def test_run_page_of_a_damaged_record_is_drawn(tmp_path: Path, status: dict) -> None:
+    run = big_run(tmp_path / "20261125-101500-a1b2", 2, 1)
+    (run / "status.json").write_text(json.dumps({"run_id": run.name, **status}))
+    html = write_run_page(run).read_text(encoding="utf-8")
+    assert "clusterrun run 20261125-101500-a1b2" in html
+    assert "Traceback" not in html and "could not be drawn" not in html
+
+
+@pytest.mark.parametrize("report", [
+    {"checks": [1, {"name": "x", "findings": "many"}, {"name": "y", "findings": [3, {"verdict": "fail"}]}]},
+    {"nodes": "gpu000", "measures": [{"src": "a"}, {"src": "a", "dst": "b", "value": "fast", "ok": "yes"}, 4]},
+    {"verdict": 3, "counts": [1], "started": "x", "duration_s": None, "recommended": 5},
+], ids=["checks", "measures", "header"])
+def test_doctor_page_of_a_damaged_report_is_drawn(tmp_path: Path, report: dict) -> None:
+    round_dir = big_doctor_round(tmp_path / "doctor-x", 2)
+    (round_dir / "report.json").write_text(json.dumps(report))
+    html = write_doctor_page(round_dir).read_text(encoding="utf-8")
+    assert "clusterrun doctor" in html
+    assert "could not be drawn" not in html

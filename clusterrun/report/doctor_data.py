@@ -58,11 +58,14 @@ class Round:
 
     @property
     def checks(self) -> list[dict[str, Any]]:
-        return [c for c in self.report.get("checks") or () if isinstance(c, Mapping) and c.get("name")]
+        """Each check, its findings those that are findings (a damaged report may hold anything)."""
+        found = self.report.get("checks")
+        return [{**c, "findings": [f for f in c.get("findings") or () if isinstance(f, Mapping)]
+                 if isinstance(c.get("findings"), list) else []}
+                for c in (found if isinstance(found, list) else ()) if isinstance(c, Mapping) and c.get("name")]
 
     def findings(self) -> list[dict[str, Any]]:
-        return [{**f, "check": f.get("check") or c["name"]} for c in self.checks
-                for f in c.get("findings") or () if isinstance(f, Mapping)]
+        return [{**f, "check": f.get("check") or c["name"]} for c in self.checks for f in c["findings"]]
 
     def topology(self, node: str) -> tuple[topo.Topology | None, str]:
         """The node's ``nvidia-smi topo -m`` matrix, or None and why not."""
@@ -122,14 +125,17 @@ def load_round(directory: Path) -> Round:
         found.missing.append(f"the round was cut short ({found.report['cut_short']}): the checks marked 'not run' "
                              "did not run")
     evidence = sorted(p.name for p in (directory / "evidence").glob("*") if p.is_dir())
-    nodes = [str(n) for n in found.report.get("nodes") or () if isinstance(n, str)]
+    listed = found.report.get("nodes")
+    nodes = [n for n in (listed if isinstance(listed, list) else ()) if isinstance(n, str)]
     found.nodes = nodes + [n for n in evidence if n not in nodes]
     for node in found.nodes:
         if (directory / "evidence" / node).is_dir():
             found.facts[node] = _facts(directory, node)
     if found.nodes and not evidence:
         found.missing.append("no node's probe output (evidence/) is there: no topology, GPU or NIC facts")
-    found.measures = [m for m in (Measure.from_dict(d) for d in found.report.get("measures") or ()) if m]
+    measures = found.report.get("measures")
+    found.measures = [m for m in (Measure.from_dict(d) for d in (measures if isinstance(measures, list) else ()))
+                      if m]
     if found.report and "measures" not in found.report:
         found.missing.append("report.json has no pair measures (written by an older clusterrun): the network "
                              "matrices are drawn from the findings alone")

@@ -34,7 +34,7 @@ def doctor_page(found: Round) -> str:
     """The whole HTML page of the round ``found``."""
     r = found.report
     verdict = str(r.get("verdict") or "unknown")
-    counts = r.get("counts") or {}
+    counts = r.get("counts") if isinstance(r.get("counts"), Mapping) else {}
     if r.get("cut_short"):
         verdict = "cut short"  # what it found so far is no verdict on the cluster
     sub = (f"{mark(verdict if verdict != 'cut short' else 'interrupted', verdict)} &nbsp; {len(found.nodes)} node(s), started {esc(when(r.get('started')))}, took "

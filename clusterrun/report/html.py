@@ -69,11 +69,18 @@ def esc(value: object) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+def number(value: object) -> float | None:
+    """``value`` when it is a number (a record from another version may hold anything)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def seconds(value: float | None) -> str:
+def when(ts: object) -> str:
+    t = number(ts)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def seconds(value: object) -> str:
+    value = number(value)
     if value is None:
         return "-"
     if value < 120:
@@ -82,7 +89,8 @@ def seconds(value: float | None) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
 
 
-def size(nbytes: float | None) -> str:
+def size(nbytes: object) -> str:
+    nbytes = number(nbytes)
     if nbytes is None:
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterrun import redact
+from clusterrun.report.html import number
 from clusterrun.runs import RunDir, RunRecord, RunState, read_record, run_record
 from clusterrun.runs.judge import Failure
 
@@ -82,14 +83,17 @@ class RunData:
 
     def received(self) -> dict[tuple[str, int], tuple[int, int]]:
         """(node, rank) -> (bytes, lines) the run's logs received, over stdout and stderr."""
-        got = (self.record.logs or {}).get("received") or {}
+        got = (self.record.logs or {}).get("received")
+        if not isinstance(got, Mapping):
+            return {}
         out: dict[tuple[str, int], tuple[int, int]] = {}
         for key, counts in got.items():
             parts = str(key).split("/")
             if len(parts) != 3 or not parts[1].lstrip("-").isdigit() or not isinstance(counts, Mapping):
                 continue
             b, n = out.get((parts[0], int(parts[1])), (0, 0))
-            out[(parts[0], int(parts[1]))] = (b + int(counts.get("bytes") or 0), n + int(counts.get("lines") or 0))
+            out[(parts[0], int(parts[1]))] = (b + int(number(counts.get("bytes")) or 0),
+                                              n + int(number(counts.get("lines")) or 0))
         return out
 
 
