@@ -14,6 +14,8 @@ from clusterrun.runs.judge import signal_name
 
 #: Lines of the failing rank's log shown on its card.
 TAIL = 30
+#: Beyond this many ranks the timeline leaves out the rows of ranks that were only stopped.
+MANY_RANKS = 64
 #: event kind -> (glyph, colour, what it is)
 EVENT_MARKS: dict[str, tuple[str, str, str]] = {
     "path-lost": ("\u25c6", VERMILLION, "data path lost"), "path-verdict": ("\u25c6", VERMILLION, "dead data path"),
@@ -134,6 +136,8 @@ def _timeline(data: RunData) -> str:
         rows.append(charts.Row("run", points=[*run_points, *restarts]))
     phases = data.phases()
     failure = _last_failure(data)
+    # Many ranks: the ranks stopped after another's failure (all alike) get no row; the table lists every rank.
+    many = sum(len(n.ranks) for n in rec.nodes.values()) > MANY_RANKS
     earlier: dict[tuple[str, int], list[charts.Point]] = {}  # a rank's failures in earlier attempts
     for a in rec.attempts[:-1]:
         f = a.first_failure
@@ -175,7 +179,8 @@ def _timeline(data: RunData) -> str:
                                                                       "running", f"{name}: {p.name} "
                                                                       + (f"{p.end - p.start:.2f}s" if p.end else ""))]))
         for r, rank in sorted((node.ranks if node else {}).items()):
-            if rank.started is None:
+            if rank.started is None or (many and rank.state.value == "stopped" and failure != (name, r)
+                                        and (name, r) not in earlier):
                 continue
             code = _code(rank.exit_code, rank.signal)
             label = rank.state.value + ("" if code == "-" else f" {code}")
@@ -186,7 +191,8 @@ def _timeline(data: RunData) -> str:
         for (node_name, r), marks in sorted(earlier.items()):
             if node_name == name and not (node and r in node.ranks and node.ranks[r].started is not None):
                 rows.append(charts.Row(f"  {name} rank {r}", points=marks))
-    legend = ("<p class=\"legend\">Seconds since the start. Bars: \u2713 succeeded (blue), \u2717 failed (hatched), "
+    legend = ("<p class=\"legend\">" + ("Ranks that were stopped after another's failure have no row here (the "
+                                          "table below lists every rank). " if many else "") + "Seconds since the start. Bars: \u2713 succeeded (blue), \u2717 failed (hatched), "
               "\u25a0 stopped (grey), unknown (light grey); \u25b7 torchrun started, \u25c6 data path lost, "
               "\u25c7 back, \u25cf hang, \u25a0 straggler, \u21bb restart, \u2605 spare used. The row of the first "
               "failure is bold. Every bar's state is also in the tables below.</p>")
