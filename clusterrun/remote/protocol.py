@@ -272,6 +272,7 @@ RUN = Spec("run", {
     "stacks": ((dict, None), None, STACKS_SPEC),
     "load_every": ((float,), 0.0),  # 0: no ``load`` events
     "watch": ((dict, None), None, WATCH_SPEC),
+    "gpus": ((list,), list),  # the GPUs the run leases on this node for its whole life (see leases.py)
 })
 EXEC = Spec("exec", {
     "command": ((str,), REQUIRED),
@@ -301,7 +302,10 @@ CHECK = Spec("check", {
     "run_dir": ((str,), REQUIRED),
     "cache": ((str,), REQUIRED),  # the node's content cache of staged files
     "hashes": ((list,), list),  # the staged files' sha256, to look for in the cache
-    "port": ((int, None), None),  # the master port to find free (rank 0)
+    "port": ((int, None), None),  # the master port the user gave, to lease and find free (rank 0)
+    "choose_port": ((bool,), False),  # no port given: lease a free one (rank 0) and report it
+    "run_id": ((str,), ""),  # who holds the leases taken (in their files, for other runs to name)
+    "node": ((str,), ""),
     "idle": ((float,), IDLE),
 })
 SPECS = {spec.mode: spec for spec in (RUN, EXEC, COLLECT, SWEEP, PS, CHECK)}

@@ -2,20 +2,21 @@
 
 :func:`check` (the node agent's ``check`` command, see session.py) proves this interpreter has torch with
 torchrun (found, not imported: an import costs seconds of CPU on every node at every launch), creates the run
-directory and the content cache, lists the staged files the cache lacks, checks that the master port is free
-(on rank 0), and adds the node's facts as nodefacts.py reports them (``net``, ``gpus``): the same report
-``plan --probe``, ``init`` and doctor read.
+directory and the content cache, lists the staged files the cache lacks, on rank 0 leases the master port
+(the user's, proven free; or, when the user set none, a free one it reports as ``master_port``: see
+leases.py), and adds the node's facts as nodefacts.py reports them (``net``, ``gpus``: the same report
+``plan --probe``, ``init`` and doctor read) and the GPUs other runs hold (``leases``: {index: holder}).
 """
 
 import glob
 import importlib.util
 import os
-import socket
 import sys
 
 if __package__:
-    from clusterrun.remote import nodefacts
+    from clusterrun.remote import leases, nodefacts
 else:
+    import leases
     import nodefacts
 
 
@@ -57,15 +58,16 @@ def check(spec):
     for digest in spec["hashes"]:
         if not os.path.isfile(os.path.join(os.path.expanduser(spec["cache"]), digest)):
             out["missing"].append(digest)
+    who = leases.holder(spec["run_id"], spec["node"])
     if spec.get("port"):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torchrun's store does: TIME_WAIT is no conflict
-        try:
-            s.bind(("", spec["port"]))
-        except OSError as exc:
-            out["problems"].append("master port %d is already in use on this node (%s): another job, or a "
-                                   "leftover one; pick another with --master-port" % (spec["port"], exc.strerror))
-        finally:
-            s.close()
+        problem = leases.check_port(spec["port"], who)
+        if problem:
+            out["problems"].append(problem)
+    elif spec["choose_port"]:
+        out["master_port"] = leases.free_port(who)
+        if not out["master_port"]:
+            out["problems"].append("no free master port from %d to %d on this node; give one with --master-port"
+                                   % (leases.DEFAULT_PORT, leases.DEFAULT_PORT + leases.PORT_TRIES - 1))
     out.update(nodefacts.report())
+    out["leases"] = leases.held(leases.GPU)
     return out
