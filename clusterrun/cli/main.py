@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("clusterrun.cli.runs_cmd", "status", "Show one run: per node and rank what happened."),
     "logs": ("clusterrun.cli.runs_cmd", "logs", "Print (or follow) a run's rank logs, prefixed [node:rank]."),
     "down": ("clusterrun.cli.runs_cmd", "down", "Stop whatever is left of a run on every node."),
+    "ps": ("clusterrun.cli.ps_cmd", "ps", "Show what runs on the nodes, whoever started it: run, user, GPUs, since."),
     "check": ("clusterrun.cli.check_cmd", "check", "Validate an inventory file and report every problem with its line."),
     "schema": ("clusterrun.cli.schema_cmd", "schema", "Print the inventory's JSON Schema (for editor completion)."),
     "export": ("clusterrun.cli.export_cmd", "export", "Write the job as an sbatch script or a Kubeflow PyTorchJob/TrainJob."),

@@ -31,7 +31,8 @@ Events of ``agent.py collect``: ``swept`` (pids) or ``alive`` (pids), then per r
 bytes, lines, from, skipped_bytes, skipped_lines) and its ``out`` events, then ``record`` (exit: the node's
 exit.json or null). Events of ``agent.py exec``: ``line`` (stream, text), then ``exit`` (rc, reason).
 
-Events of ``agent.py sweep``: ``swept`` (pids); of ``agent.py ps``: ``alive`` (pids).
+Events of ``agent.py sweep``: ``swept`` (pids); of ``agent.py ps``: ``alive`` (pids; for every run, with
+``runs`` and ``leases``).
 
 Every mode takes its spec the same way: ``agent.py MODE``, then the spec as the first line of stdin (base64
 JSON); ``prepare`` takes the check's and the run's specs as ``check <spec>`` and ``go <spec>`` lines. Never on
@@ -295,7 +296,7 @@ SWEEP = Spec("sweep", {
     "grace": ((float,), GRACE),
 })
 PS = Spec("ps", {
-    "run_id": ((str,), REQUIRED),
+    "run_id": ((str,), REQUIRED),  # "": every run on the node (``clusterrun ps``)
     "node": ((str,), ""),
 })
 CHECK = Spec("check", {
