@@ -41,10 +41,10 @@ def ps(inventory: Path | None, as_json: bool, timeout: float, **sources: Any) ->
 
         click.echo(json.dumps({"runs": [r.to_dict() for r in rows], "unreachable": problems}, indent=2))
     else:
+        import sys
+
         from rich.console import Console
         from rich.table import Table
-
-        import sys
 
         # Not a terminal (a log, a pipe): whole lines, never a run id cut to fit 80 columns.
         console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)

@@ -117,5 +117,8 @@ def spare_leased_gpus(given: Inventory, completed: Inventory, nproc: int | None,
         if here:
             lines.append(f"{node.name}: {_holders(sorted(here), here)}; this run takes GPU(s) "
                          f"{','.join(map(str, chosen))}")
+        else:
+            lines.append(f"{node.name}: {count} GPU(s) seen, {need} process(es) take GPU(s) "
+                         f"{','.join(map(str, chosen))}")
     changed = any(a is not b for a, b in zip(nodes, completed.nodes, strict=True))
     return (completed.model_copy(update={"nodes": nodes}) if changed else completed), lines, problems

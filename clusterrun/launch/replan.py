@@ -85,12 +85,13 @@ def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, Probed
     :class:`StartError` naming each node whose listed NICs, addresses or RDMA ports are not what the node has,
     :class:`GpusLeased` naming the GPUs other runs hold that this one needs.
     """
+    given = inv
     inv, found = with_free_gpus(inv, plan, ready)
     job, port = with_master_port(plan, ready)
     found += port
     if plan.nnodes < 2:
-        return inv, (dataclasses.replace(build_plan(inv, job), probed=(*plan.probed, *found)) if found
-                     else plan)
+        return inv, (dataclasses.replace(build_plan(inv, job), probed=(*plan.probed, *found))
+                     if found or inv is not given or job is not plan.job else plan)
     facts, unknown, ssh = read_facts(ready)
     result = reconcile(inv, facts)
     if result.problems:
