@@ -17,8 +17,9 @@ from simjobs import clusterrun_env
 
 from clusterrun.errors import GpusLeased
 from clusterrun.facts.leases import held_gpus, parse_leases, spare_leased_gpus
+from clusterrun.facts.node import ProbedNode
 from clusterrun.inventory.yaml_source import parse_inventory_text
-from clusterrun.launch.replan import GpuWait
+from clusterrun.launch.replan import GpuWait, with_slurm_topology
 from clusterrun.plan import JobSpec, build_plan
 from clusterrun.remote import leases
 
@@ -235,3 +236,23 @@ def test_plan_shows_the_rank_order_by_label(tmp_path: Path) -> None:
     bad = subprocess.run([*args[:5], "label:", *args[6:]], cwd=tmp_path, capture_output=True, text=True,
                          env=clusterrun_env(), timeout=60)
     assert bad.returncode == 2 and "--rank-order: expected 'inventory' or 'label:KEY'" in bad.stderr
+
+
+def test_under_slurm_the_topology_address_keeps_nodes_of_one_switch_together() -> None:
+    nodes = inv("""
+        nodes:
+          - {name: n1, host: 10.0.0.1}
+          - {name: n2, host: 10.0.0.2}
+          - {name: n3, host: 10.0.0.3}
+          - {name: n4, host: 10.0.0.4}
+        """)
+    ready = {name: ProbedNode(name, topology_addr=f"s0.{switch}.{name}")
+             for name, switch in (("n1", "s1"), ("n2", "s2"), ("n3", "s1"), ("n4", "s2"))}
+    labelled, ordered = with_slurm_topology(nodes, job(), ready)
+    plan = build_plan(labelled, ordered)
+    assert [n.name for n in sorted(plan.nodes, key=lambda n: n.node_rank)] == ["n1", "n3", "n2", "n4"]
+    assert plan.rank_order == "by label slurm-switch (s0.s1, s0.s2)"
+    # A rank order the user chose wins; without a topology (the address is the bare node name) nothing changes.
+    assert with_slurm_topology(nodes, job(rank_order="inventory"), ready) == (nodes, job(rank_order="inventory"))
+    flat = {name: ProbedNode(name, topology_addr=name) for name in ready}
+    assert with_slurm_topology(nodes, job(), flat) == (nodes, job())

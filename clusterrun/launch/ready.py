@@ -143,7 +143,8 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
         raise kind(node.name, "; ".join(report["problems"]))
     return NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
                      ssh_address=transport.peer_address(), gpus=report.get("gpus"), leases=report.get("leases"),
-                     master_port=report.get("master_port"), link=link), set(report["missing"])
+                     master_port=report.get("master_port"), topology_addr=report.get("topology_addr"),
+                     link=link), set(report["missing"])
 
 
 def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], missing: set[str]) -> NodeReady:

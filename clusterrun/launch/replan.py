@@ -78,6 +78,25 @@ def with_master_port(plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple
              "after it)"])
 
 
+#: The label the nodes' Slurm switch is given, from SLURM_TOPOLOGY_ADDR, when nobody chose a rank order.
+SLURM_SWITCH = "slurm-switch"
+
+
+def with_slurm_topology(inv: Inventory, job: JobSpec, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, JobSpec]:
+    """Under Slurm with a network topology (``SLURM_TOPOLOGY_ADDR`` in the nodes' steps, ``s0.s2.node07``), and
+    nobody chose a rank order: each node labelled with its leaf switch (``slurm-switch=s0.s2``) and the job
+    ordered by it, so the nodes under one switch get consecutive ranks. The first node keeps rank 0 (its group
+    comes first): the master the ready check looked at stays the master."""
+    switches = {name: r.topology_addr.rsplit(".", 1)[0] for name, r in ready.items()
+                if r.topology_addr and "." in r.topology_addr}
+    chosen = job.rank_order not in (None, f"label:{SLURM_SWITCH}")  # a restart's job has it already
+    if not switches or chosen or "rank_order" in inv.network.model_fields_set:
+        return inv, job
+    nodes = [n.model_copy(update={"labels": [*n.labels, f"{SLURM_SWITCH}={switches[n.name]}"]})
+             if n.name in switches else n for n in inv.nodes]
+    return inv.model_copy(update={"nodes": nodes}), dataclasses.replace(job, rank_order=f"label:{SLURM_SWITCH}")
+
+
 def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, LaunchPlan]:
     """The inventory completed with the nodes' network facts and GPUs (those of nodes nobody listed them for,
     none leased by another run: see :func:`with_free_gpus`), and the plan made from it with the master port the
@@ -92,6 +111,7 @@ def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, Probed
     if plan.nnodes < 2:
         return inv, (dataclasses.replace(build_plan(inv, job), probed=(*plan.probed, *found))
                      if found or inv is not given or job is not plan.job else plan)
+    inv, job = with_slurm_topology(inv, job, ready)
     facts, unknown, ssh = read_facts(ready)
     result = reconcile(inv, facts)
     if result.problems:

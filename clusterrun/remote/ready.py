@@ -5,7 +5,8 @@ torchrun (found, not imported: an import costs seconds of CPU on every node at e
 directory and the content cache, lists the staged files the cache lacks, on rank 0 leases the master port
 (the user's, proven free; or, when the user set none, a free one it reports as ``master_port``: see
 leases.py), and adds the node's facts as nodefacts.py reports them (``net``, ``gpus``: the same report
-``plan --probe``, ``init`` and doctor read) and the GPUs other runs hold (``leases``: {index: holder}).
+``plan --probe``, ``init`` and doctor read), the GPUs other runs hold (``leases``: {index: holder}) and, in a
+Slurm step, the node's ``SLURM_TOPOLOGY_ADDR`` (``topology_addr``).
 """
 
 import glob
@@ -70,4 +71,6 @@ def check(spec):
                                    % (leases.DEFAULT_PORT, leases.DEFAULT_PORT + leases.PORT_TRIES - 1))
     out.update(nodefacts.report())
     out["leases"] = leases.held(leases.GPU)
+    # Where Slurm placed this node in its network (topology/tree: "s0.s2.node07"), for the rank order.
+    out["topology_addr"] = os.environ.get("SLURM_TOPOLOGY_ADDR")
     return out
