@@ -256,3 +256,13 @@ def test_under_slurm_the_topology_address_keeps_nodes_of_one_switch_together() -
     assert with_slurm_topology(nodes, job(rank_order="inventory"), ready) == (nodes, job(rank_order="inventory"))
     flat = {name: ProbedNode(name, topology_addr=name) for name in ready}
     assert with_slurm_topology(nodes, job(), flat) == (nodes, job())
+
+
+@pytest.mark.parametrize(("given", "value"), [(["--wait-gpus"], "inf"), (["--wait-gpus", "90"], "90")])
+def test_wait_gpus_takes_seconds_or_nothing_before_the_inventory(given: list[str], value: str) -> None:
+    from clusterrun.cli.job_argv import split
+    from clusterrun.cli.up_cmd import up
+
+    ours, positionals, script_args, _ = split(up, [*given, "inv.yaml", "train.py", "--lr", "1"],
+                                              ("--ips", "--hostfile", "--slurm"))
+    assert (ours, positionals, script_args) == (["--wait-gpus", value], ["inv.yaml", "train.py"], ["--lr", "1"])

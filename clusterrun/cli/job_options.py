@@ -29,7 +29,8 @@ def job_options(func: F) -> F:
         click.option("--nproc-per-node", type=click.IntRange(1, 1024), metavar="N",
                      help="Processes per node (default: the node's GPU count, or 1 without GPUs)."),
         click.option("--master-port", type=click.IntRange(1, 65535), metavar="PORT",
-                     help="Rendezvous port on the master (default: network.master_port, 29500)."),
+                     help="Rendezvous port on the master (default: network.master_port, else 29500 or, when "
+                     "another run holds it, the next port free on the master)."),
         click.option("--rank-order", metavar="inventory|label:KEY", help="Node ranks in inventory order, or nodes "
                      "sharing a KEY=VALUE label (switch=s1, rack=r2) on consecutive ranks (default: "
                      "network.rank_order, inventory)."),
