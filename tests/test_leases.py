@@ -266,3 +266,20 @@ def test_wait_gpus_takes_seconds_or_nothing_before_the_inventory(given: list[str
     ours, positionals, script_args, _ = split(up, [*given, "inv.yaml", "train.py", "--lr", "1"],
                                               ("--ips", "--hostfile", "--slurm"))
     assert (ours, positionals, script_args) == (["--wait-gpus", value], ["inv.yaml", "train.py"], ["--lr", "1"])
+
+
+def test_ps_names_a_node_it_could_not_ask(tmp_path: Path) -> None:
+    (tmp_path / "inv.yaml").write_text(textwrap.dedent(f"""
+        defaults: {{transport: local}}
+        nodes:
+          - {{name: here, host: localhost, python: {sys.executable}}}
+          - {{name: broken, host: localhost, python: {tmp_path / 'no-such-python'}}}
+        """))
+    env = {**clusterrun_env(), leases.DIR_VAR: str(tmp_path / "leases")}
+    args = [sys.executable, "-m", "clusterrun", "ps", "inv.yaml", "--timeout", "20"]
+    shown = subprocess.run([*args, "--json"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+    assert shown.returncode == 1
+    found = json.loads(shown.stdout)
+    assert list(found["unreachable"]) == ["broken"] and "clusterrun: broken: could not be asked: " in shown.stderr
+    table = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+    assert table.returncode == 1 and "on 1 of 2 node(s)" in table.stderr

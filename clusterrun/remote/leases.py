@@ -102,6 +102,22 @@ def _path(kind, key, environ=None):
     return os.path.join(lease_dir(environ), "%s%s.lock" % (kind, key))
 
 
+def _lock(fd):
+    """Lock ``fd`` exclusively without waiting for a holder: True, or False when a run holds it. A few quick
+    tries: :func:`held` probes with a shared lock for a few microseconds, which must not pass for a holder."""
+    for attempt in range(3):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise
+        if attempt < 2:
+            time.sleep(0.01)  # bounded: a probe's shared lock lasts microseconds, a run's lasts the run
+    return False
+
+
 def take(kind, key, who, environ=None):
     """Lease ``kind`` ``key`` (a GPU index, a port) for ``who`` (see :func:`holder`), without waiting.
 
@@ -111,12 +127,7 @@ def take(kind, key, who, environ=None):
     path = _path(kind, key, environ)
     _make_dirs(os.path.dirname(path))
     fd = _open(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            os.close(fd)
-            raise
+    if not _lock(fd):
         found = _read(fd)
         os.close(fd)
         if found.get("run") and found.get("run") == who.get("run"):

@@ -72,5 +72,8 @@ def check(spec):
     out.update(nodefacts.report())
     out["leases"] = leases.held(leases.GPU)
     # Where Slurm placed this node in its network (topology/tree: "s0.s2.node07"), for the rank order.
-    out["topology_addr"] = os.environ.get("SLURM_TOPOLOGY_ADDR")
+    addr, pattern = os.environ.get("SLURM_TOPOLOGY_ADDR"), os.environ.get("SLURM_TOPOLOGY_ADDR_PATTERN")
+    if addr and pattern and pattern.count(".") != addr.count("."):
+        addr = None  # a node name with dots: the switches cannot be told from the name
+    out["topology_addr"] = addr if addr and (pattern or "switch.").startswith("switch.") else None
     return out
