@@ -3,8 +3,8 @@
 It is the first thing the node's agent does (one program per node: :mod:`clusterrun.agents.link`):
 through the node's own python it proves the interpreter exists and has torch with torchrun (found, not
 imported: ``clusterrun doctor`` imports it), creates the run directory, leases the master port on rank 0
-(the user's, proven free, or a free one it chooses when the user set none), reports the GPUs other runs hold,
-reports the node's NICs and GPUs, and which staged files the node's content cache lacks. Missing
+(the user's, proven free, or a free one it chooses when the user set none), reports the node's NICs and GPUs
+(and which of them other runs lease), and which staged files the node's content cache lacks. Missing
 files are then copied (only those: a second `up` of the same script copies nothing) and the agent places
 them in the run directory when the job starts. If any node fails, :class:`StartError` lists every problem,
 every agent is dropped, and nothing is started anywhere.
