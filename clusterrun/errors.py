@@ -15,6 +15,7 @@
     │       ├── PythonNotFound      the inventory's python does not exist there
     │       └── NoTorch             that python has no torch (or no torchrun)
     └── StartError                  exit_code 125; preflight failed on one or more nodes, nothing started
+        └── GpusLeased              a GPU the run needs is leased by another run (``up --wait-gpus`` waits)
 
 Per-node work fans out with :func:`clusterrun.transport.fanout.fan_out`, which keeps each node's
 :class:`NodeError` (not a string), so callers can tell an unreachable node from one without torch.
@@ -141,3 +142,7 @@ class StartError(ClusterrunError):
             lines.append(hint)
         super().__init__("\n".join(lines))
         self.problems = dict(problems)
+
+
+class GpusLeased(StartError):
+    """GPUs the run needs are leased by other runs (``problems`` names node, GPU and holder); nothing started."""

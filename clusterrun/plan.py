@@ -47,6 +47,7 @@ class JobSpec:
     sync_dir: str | None = None  # copied whole to each node's code/ directory (absolute, local)
     attempt: int = 0  # clusterrun's restarts so far: each attempt has its own directory on the nodes
     restarts: int = 0  # how many times clusterrun may restart the job (``--max-restarts``, run.max_restarts)
+    rank_order: str | None = None  # ``--rank-order``: inventory or label:KEY (None: network.rank_order)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,8 @@ class LaunchPlan:
     warnings: tuple[str, ...] = field(default=())
     probed: tuple[str, ...] = field(default=())  # inventory values that came from the nodes themselves
     spares: tuple[str, ...] = field(default=())  # nodes that wait to take a lost node's place
+    choose_port: bool = False  # nobody set the master port: the master's ready check chooses a free one
+    rank_order: str = "inventory"  # how node ranks were given, in words
 
     @property
     def nnodes(self) -> int:
@@ -170,19 +173,37 @@ class LaunchPlan:
             "warnings": list(self.warnings),
             "probed": list(self.probed),
             "spares": list(self.spares),
+            "choose_port": self.choose_port,
+            "rank_order": self.rank_order,
             "facts_pending": list(self.facts_pending),
             "nodes": [n.to_dict(self.master_addr, self.master_port) for n in self.nodes],
         }
 
 
-def _ordered(inv: Inventory) -> list[tuple[int, Node]]:
-    """(inventory index, node) in node_rank order: pinned ranks, else inventory order. Spares take no part."""
+def _ordered(inv: Inventory, order: str) -> tuple[list[tuple[int, Node]], str]:
+    """(inventory index, node) in node_rank order, and that order in words: pinned ranks, else ``order``
+    (inventory order, or ``label:KEY``: see :func:`by_label`). Spares take no part."""
     indexed = [(i, n) for i, n in enumerate(inv.nodes) if not n.spare]
     if not indexed:
         raise PlanError("every node of the inventory is a spare (spare: true); at least one must run the job")
     if all(n.node_rank is not None for _, n in indexed):
-        return sorted(indexed, key=lambda pair: pair[1].node_rank or 0)
-    return indexed
+        return sorted(indexed, key=lambda pair: pair[1].node_rank or 0), "pinned (node_rank)"
+    if order.startswith("label:"):
+        return by_label(indexed, order[len("label:"):])
+    return indexed, "inventory"
+
+
+def by_label(indexed: list[tuple[int, Node]], key: str) -> tuple[list[tuple[int, Node]], str]:
+    """Nodes sharing a ``KEY=VALUE`` label value get consecutive ranks, groups in order of first appearance
+    (nodes under one switch talk across it, not over the spine: ring and tree neighbours stay close). A node
+    without the label is a group of its own, where it stands."""
+    groups: dict[str, list[tuple[int, Node]]] = {}
+    for i, node in indexed:
+        value = node.label(key)
+        groups.setdefault(f"={value}" if value is not None else f"#{i}", []).append((i, node))
+    values = [g[1:] for g in groups if g.startswith("=")]
+    words = f"by label {key} ({', '.join(values)})" if values else f"inventory (no node has a {key}= label)"
+    return [pair for group in groups.values() for pair in group], words
 
 
 def _nproc(inv: Inventory, node: Node, job: JobSpec) -> int:
@@ -248,7 +269,7 @@ def build_plan(inv: Inventory, job: JobSpec, ssh_addresses: Mapping[str, str] | 
                probed: tuple[str, ...] = ()) -> LaunchPlan:
     """Compute the launch plan. Pure. Raises :class:`PlanError` when the job does not fit the inventory."""
     data: DataNetwork = resolve_data_network(inv, ssh_addresses)
-    ordered = _ordered(inv)
+    ordered, order_words = _ordered(inv, job.rank_order or inv.network.rank_order)
     master_node = ordered[0][1]
     master_addr = data.path_of(master_node.name).address
     if len(ordered) > 1 and master_addr in {"localhost", "127.0.0.1", "::1"}:
@@ -296,4 +317,6 @@ def build_plan(inv: Inventory, job: JobSpec, ssh_addresses: Mapping[str, str] | 
         run_id=job.run_id, job=job, master_addr=master_addr, master_port=master_port,
         data_network=data.description, nodes=tuple(nodes), warnings=tuple(warnings), probed=probed,
         spares=tuple(n.name for n in inv.nodes if n.spare),
+        choose_port=job.master_port is None and "master_port" not in inv.network.model_fields_set,
+        rank_order=order_words,
     )

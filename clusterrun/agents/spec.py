@@ -48,14 +48,16 @@ def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: fl
         "stacks": {"hook": remote.source("stackhook"), "flight": flight} if stacks else None,
         "load_every": load_every,
         "watch": watch,
+        "gpus": list(node.gpus),
     })
 
 
 def check_spec(run_dir: str, *, cache: str, hashes: Sequence[str], port: int | None,
-               idle: float = protocol.IDLE) -> Spec:
-    """``check`` (before ``go``): the ready check of a node whose run directory is ``run_dir``."""
+               idle: float = protocol.IDLE, choose_port: bool = False, run_id: str = "", node: str = "") -> Spec:
+    """``check`` (before ``go``): the ready check of a node whose run directory is ``run_dir``; on the master,
+    ``port`` to lease and prove free, or ``choose_port`` to lease a free one (the user gave none)."""
     return protocol.CHECK.fill({"run_dir": run_dir, "cache": cache, "hashes": sorted(set(hashes)), "port": port,
-                                "idle": idle})
+                                "idle": idle, "choose_port": choose_port, "run_id": run_id, "node": node})
 
 
 def exec_spec(command: str, timeout: float | None) -> Spec:

@@ -128,6 +128,10 @@ def split(command: click.Command, args: list[str],
                 got, i = args[i], i + 1
             else:
                 got = ""
+        elif name == "--wait-gpus":  # its value is optional: alone, no time limit
+            got = "inf"
+            if i < len(args) and args[i].replace(".", "", 1).isdigit():
+                got, i = args[i], i + 1
         elif i < len(args):
             got, i = args[i], i + 1
         else:

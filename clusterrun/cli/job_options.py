@@ -29,7 +29,11 @@ def job_options(func: F) -> F:
         click.option("--nproc-per-node", type=click.IntRange(1, 1024), metavar="N",
                      help="Processes per node (default: the node's GPU count, or 1 without GPUs)."),
         click.option("--master-port", type=click.IntRange(1, 65535), metavar="PORT",
-                     help="Rendezvous port on the master (default: network.master_port, 29500)."),
+                     help="Rendezvous port on the master (default: network.master_port, else 29500 or, when "
+                     "another run holds it, the next port free on the master)."),
+        click.option("--rank-order", metavar="inventory|label:KEY", help="Node ranks in inventory order, or nodes "
+                     "sharing a KEY=VALUE label (switch=s1, rack=r2) on consecutive ranks (default: "
+                     "network.rank_order, inventory)."),
         click.option("-e", "--env", "env", multiple=True, metavar="KEY=VALUE",
                      help="Set an environment variable on every node (repeatable; wins over the inventory)."),
         click.option("--env-forward", multiple=True, metavar="PATTERN",
@@ -87,7 +91,7 @@ def forwarded_env(patterns: tuple[str, ...], environ: dict[str, str] | None = No
 def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...], *, module: bool,
               nproc_per_node: int | None, master_port: int | None, env: tuple[str, ...],
               runs_dir: Path, sync_dir: Path | None = None, env_forward: tuple[str, ...] = (),
-              sources: dict[str, Any] | None = None) -> tuple[Any, Any]:
+              sources: dict[str, Any] | None = None, rank_order: str | None = None) -> tuple[Any, Any]:
     """Load the nodes and make the plan: returns (inventory, LaunchPlan). Raises ClusterrunError."""
     from clusterrun.errors import UsageError
     from clusterrun.inventory.hostspec import parse_env_assignments
@@ -113,9 +117,19 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
         script=script, run_id=new_run_id(), args=tuple(script_args), module=module,
         nproc_per_node=nproc_per_node, master_port=master_port, env=tuple(env_vars.items()),
         local_runs_dir=str(runs_dir.resolve()), local_cwd=os.getcwd(),
-        sync_dir=str(sync_dir.resolve()) if sync_dir else None,
+        sync_dir=str(sync_dir.resolve()) if sync_dir else None, rank_order=_rank_order(rank_order),
     )
     return inv, build_plan(inv, job)
+
+
+def _rank_order(value: str | None) -> str | None:
+    from clusterrun.errors import UsageError
+    from clusterrun.inventory.types import check_rank_order
+
+    try:
+        return None if value is None else check_rank_order(value)
+    except ValueError as exc:
+        raise UsageError(f"--rank-order: {exc}") from None
 
 
 def _env_values(env: dict[str, str], flag: str) -> dict[str, str]:
@@ -149,7 +163,7 @@ def with_job(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(targets: tuple[str, ...], module: bool, nproc_per_node: int | None, master_port: int | None,
-                env: tuple[str, ...], env_forward: tuple[str, ...], runs_dir: Path, sync_dir: Path | None,
+                rank_order: str | None, env: tuple[str, ...], env_forward: tuple[str, ...], runs_dir: Path, sync_dir: Path | None,
                 ips: str | None, hostfile: Path | None, slurm: str | None, gpus: str | None, ssh_user: str | None,
                 ssh_config: Path | None, node_python: str | None, data_nic: str | None, node_pattern: str | None,
                 **rest: Any) -> Any:
@@ -163,7 +177,7 @@ def with_job(func: F) -> F:
         inventory, script, script_args = split_targets(targets, sources, this_machine)
         inv, plan = build_job(inventory, script, script_args, module=module, nproc_per_node=nproc_per_node,
                               master_port=master_port, env=env, runs_dir=runs_dir, sync_dir=sync_dir,
-                              env_forward=env_forward, sources=sources)
+                              env_forward=env_forward, sources=sources, rank_order=rank_order)
         return func(inv=inv, plan=plan, runs_dir=runs_dir, **rest)
 
     return wrapper  # type: ignore[return-value]

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("clusterrun.cli.runs_cmd", "logs", "Print (or follow) a run's rank logs, prefixed [node:rank]."),
     "down": ("clusterrun.cli.runs_cmd", "down", "Stop whatever is left of a run on every node."),
     "report": ("clusterrun.cli.report_cmd", "report", "Write a run's (or doctor round's) HTML page and print where."),
+    "ps": ("clusterrun.cli.ps_cmd", "ps", "Show what runs on the nodes, whoever started it: run, user, GPUs, since."),
     "check": ("clusterrun.cli.check_cmd", "check", "Validate an inventory file and report every problem with its line."),
     "schema": ("clusterrun.cli.schema_cmd", "schema", "Print the inventory's JSON Schema (for editor completion)."),
     "export": ("clusterrun.cli.export_cmd", "export", "Write the job as an sbatch script or a Kubeflow PyTorchJob/TrainJob."),

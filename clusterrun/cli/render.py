@@ -29,6 +29,12 @@ def print_plan(plan: LaunchPlan, file: TextIO | None = None) -> None:
         f"[bold]run {plan.run_id}[/]: {plan.nnodes} node(s), world size {plan.world_size}, "
         f"master {plan.master_addr}:{plan.master_port} ({plan.master.name}), data network {plan.data_network}"
     )
+    if plan.choose_port:
+        console.print(f"[cyan]master port:[/] {plan.master_port} unless another run holds it: `up` takes the first "
+                      "free port from there on the master (--master-port or network.master_port to fix one)")
+    if plan.rank_order != "inventory":
+        console.print(f"[cyan]node ranks:[/] {plan.rank_order}: " + ", ".join(
+            f"{n.node_rank} {n.name}" for n in sorted(plan.nodes, key=lambda n: n.node_rank)))
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     for line in plan.probed:

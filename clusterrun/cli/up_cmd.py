@@ -41,6 +41,8 @@ Examples:
   clusterrun up --on-path-loss warn cluster.yaml train.py   # a dead data path is reported, the job goes on
   clusterrun up --hang-timeout 600 cluster.yaml train.py    # 10 min without output: every rank's stack
   clusterrun up --max-restarts 3 --min-nodes 3 cluster.yaml train.py  # go on from a checkpoint, without a lost node
+  clusterrun up --wait-gpus 3600 cluster.yaml train.py      # queue up to an hour for GPUs another run holds
+  clusterrun up --rank-order label:switch cluster.yaml train.py  # nodes under one switch get consecutive ranks
 
 Every rank's output is shown as [node:rank] and written to runs/<run-id>/<node>/rank<R>.log;
 runs/<run-id>/status.json has per-rank exit codes and timings. Exit code: 0 when every rank
@@ -87,6 +89,10 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 @click.option("--restart-backoff", type=click.FloatRange(0, 3600), default=None, metavar="SECONDS",
               help="Wait before the first restart, doubling for each further one, at most 60 s (default 5; inventory "
               "run.restart_backoff).")
+@click.option("--wait-gpus", type=click.FloatRange(0, None), is_flag=False, flag_value="inf", default=None,
+              metavar="[SECONDS]", help="When GPUs the run needs are leased by another run, wait until they are free "
+              "(checking again with a growing pause, at most 30 s), at most SECONDS (default: no limit), instead of "
+              "being refused.")
 @click.option("--notify", "notify", multiple=True, metavar="URL",
               help="POST a small JSON document (with a Slack-style `text`) to URL when the run starts, fails and "
               "ends; repeatable, added to the inventory's run.notify. A slow or dead webhook never delays the run.")
@@ -94,7 +100,7 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool, raw: bool,
        preflight_mode: str, detach: bool, time_limit: float | None, grace: float, path_watch: bool | None,
        on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None, max_restarts: int | None,
-       min_nodes: int | None, restart_backoff: float | None, notify: tuple[str, ...]) -> int:
+       min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None, notify: tuple[str, ...]) -> int:
     """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
 
     clusterrun computes each node's rank, the master address on the data network and the
@@ -133,6 +139,10 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
         full_check = with_doctor_page(doctor_check)
     settings = SupervisorSettings.for_run(inv.run, grace=grace, timeout=time_limit, path_watch=path_watch,
                                           on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang)
+    if wait_gpus is not None:
+        import dataclasses
+
+        settings = dataclasses.replace(settings, wait_gpus=wait_gpus)
     if detach and (restarts.max_restarts or restarts.min_nodes):
         from clusterrun.errors import UsageError
 

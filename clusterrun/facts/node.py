@@ -174,6 +174,9 @@ class ProbedNode:
     ssh_address: str | None = None  # the address SSH reached the node at
     gpus: int | None = None  # the NVIDIA GPUs a process there sees (None: not reported)
     gpu_model: str | None = None  # nvidia-smi's name of the first (``plan --probe``/``init`` only)
+    leases: dict[str, Any] | None = None  # the GPUs other runs hold there, raw (see facts.leases)
+    master_port: int | None = None  # the master port the node chose and leased (the ready check of rank 0)
+    topology_addr: str | None = None  # SLURM_TOPOLOGY_ADDR there (in a Slurm step): "s0.s2.node07"
 
     def report(self) -> NodeReport:
         """Raises :class:`ParseError` when the node's report is not shaped as the reporter writes it."""

@@ -32,8 +32,10 @@ from clusterrun.inventory.types import (
     Text,
     _check_text,
     brief_repr,
+    check_rank_order,
     control_character_problem,
     format_path,
+    labels_from_mapping,
 )
 
 Path = tuple[str | int, ...]
@@ -154,7 +156,11 @@ class Network(_Model):
         default="auto",
         description="'auto', a NIC name present on every node (eth1), or a subnet (10.0.0.0/24)",
     )
-    master_port: Port = DEFAULT_MASTER_PORT
+    master_port: Port = Field(DEFAULT_MASTER_PORT, description="unset: 29500 or the next free one on the master")
+    rank_order: str = Field(default="inventory", description="node ranks in inventory order, or 'label:KEY': nodes "
+                            "whose KEY=VALUE label shares a value (switch, rack) get consecutive ranks")
+
+    _rank_order_choice = field_validator("rank_order")(lambda cls, v: check_rank_order(v))
 
     @field_validator("data")
     @classmethod
@@ -220,7 +226,7 @@ class Node(_Model):
                                  description="GPU indices, or a count (8 = 0..7)")
     nproc_per_node: Annotated[int, Field(ge=1, le=1024)] | None = None
     nics: list[Nic] = Field(default_factory=list)
-    labels: list[Text] = Field(default_factory=list)
+    labels: list[Text] = Field(default_factory=list, description="tags; KEY=VALUE ones (or a mapping) order ranks")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     node_rank: Annotated[int, Field(ge=0, le=MAX_NODES - 1)] | None = Field(
         default=None, description="pin this node's rank")
@@ -229,6 +235,12 @@ class Node(_Model):
 
     _coerce_gpus = field_validator("gpus", mode="before", json_schema_input_type=list[int] | int)(
         lambda cls, v: _gpus_from_count(v))
+    _coerce_labels = field_validator("labels", mode="before", json_schema_input_type=list[str] | dict[str, str])(
+        lambda cls, v: labels_from_mapping(v))
+
+    def label(self, key: str) -> str | None:
+        """The value of this node's ``KEY=VALUE`` label, or None."""
+        return next((tag.split("=", 1)[1] for tag in self.labels if tag.startswith(key + "=")), None)
 
     @field_validator("host")
     @classmethod

@@ -187,3 +187,20 @@ def format_path(path: tuple[str | int, ...]) -> str:
         else:
             out += f".{part}" if out else str(part)
     return out or "inventory"
+
+
+def check_rank_order(value: str) -> str:
+    """``inventory`` or ``label:KEY``, as given; ValueError with the valid forms otherwise."""
+    value = value.strip()
+    key = value[len("label:"):] if value.startswith("label:") else None
+    if value == "inventory" or (key and key.replace("-", "").replace("_", "").replace(".", "").isalnum()):
+        return value
+    raise ValueError(f"expected 'inventory' or 'label:KEY' (e.g. label:switch, for nodes labelled switch=s1), "
+                     f"got {brief_repr(value)}")
+
+
+def labels_from_mapping(value: object) -> object:
+    # `labels: {switch: s1}` is `labels: [switch=s1]`: a key=value label, as rank_order: label:switch reads it.
+    if isinstance(value, dict):
+        return [f"{k}={v}" for k, v in value.items()]
+    return value

@@ -2,8 +2,9 @@
 
 It is the first thing the node's agent does (one program per node: :mod:`clusterrun.agents.link`):
 through the node's own python it proves the interpreter exists and has torch with torchrun (found, not
-imported: ``clusterrun doctor`` imports it), creates the run directory, checks that the master port is free
-on rank 0, reports the node's NICs and GPUs, and which staged files the node's content cache lacks. Missing
+imported: ``clusterrun doctor`` imports it), creates the run directory, leases the master port on rank 0
+(the user's, proven free, or a free one it chooses when the user set none), reports the node's NICs and GPUs
+(and which of them other runs lease), and which staged files the node's content cache lacks. Missing
 files are then copied (only those: a second `up` of the same script copies nothing) and the agent places
 them in the run directory when the job starts. If any node fails, :class:`StartError` lists every problem,
 every agent is dropped, and nothing is started anywhere.
@@ -114,8 +115,10 @@ def _no_python(link: AgentLink) -> bool:
 
 def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> AgentLink:
     """Start the node's agent and send it the check (the answer is waited for later, with every node's)."""
+    master = node.node_rank == 0
     spec = check_spec(node.run_dir, cache=REMOTE_CACHE, hashes=[f.digest for f in staged],
-                      port=plan.master_port if node.node_rank == 0 else None)
+                      port=plan.master_port if master and not plan.choose_port else None,
+                      choose_port=master and plan.choose_port, run_id=plan.run_id, node=node.name)
     link = open_link(transport, node)
     link.check(spec)  # a closed stream shows as the end, when the answer is read
     return link
@@ -139,7 +142,9 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
         kind = NoTorch if report.get("no_torch") else NodeNotReady
         raise kind(node.name, "; ".join(report["problems"]))
     return NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
-                     ssh_address=transport.peer_address(), gpus=report.get("gpus"), link=link), set(report["missing"])
+                     ssh_address=transport.peer_address(), gpus=report.get("gpus"), leases=report.get("leases"),
+                     master_port=report.get("master_port"), topology_addr=report.get("topology_addr"),
+                     link=link), set(report["missing"])
 
 
 def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], missing: set[str]) -> NodeReady:

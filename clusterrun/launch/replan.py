@@ -1,19 +1,22 @@
 """After preflight: complete the plan with what the nodes really have, or stop when they contradict it; after
 a failed attempt: which nodes the next one runs on (a spare in a lost node's place, or one node fewer down to
-``--min-nodes``), and how long to wait before it."""
+``--min-nodes``), and how long to wait before it; how long to wait for GPUs other runs hold (``--wait-gpus``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 from clusterrun import remote
-from clusterrun.errors import ClusterrunError, PlanError, StartError
+from clusterrun.errors import ClusterrunError, GpusLeased, PlanError, StartError
+from clusterrun.facts.leases import held_gpus, spare_leased_gpus
 from clusterrun.facts.nics import reconcile
 from clusterrun.facts.node import LINE, ProbedNode, complete_gpus, read_facts
 from clusterrun.inventory.models import Inventory
-from clusterrun.plan import LaunchPlan, NodePlan, build_plan
+from clusterrun.plan import JobSpec, LaunchPlan, NodePlan, build_plan
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import on_every_node
 
@@ -50,22 +53,71 @@ def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, Probed
     return complete_gpus(inv, {name: r.gpus for name, r in ready.items()}, plan.job.nproc_per_node is not None)
 
 
+def with_free_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, list[str]]:
+    """The inventory with every GPU each node sees where nobody listed its GPUs (:func:`with_found_gpus`), none
+    of them leased by another run (:func:`clusterrun.launch.leased.spare_leased_gpus`), and a line per node so
+    completed. Raises :class:`GpusLeased` naming each node, GPU and holder where the run cannot have the GPUs it
+    needs."""
+    completed, found = with_found_gpus(inv, plan, ready)
+    held = held_gpus({name: r.leases for name, r in ready.items() if r.leases}, plan.run_id)
+    completed, spared, leased = spare_leased_gpus(inv, completed, plan.job.nproc_per_node,
+                                                  {name: r.gpus for name, r in ready.items()}, held)
+    if leased:
+        raise GpusLeased(leased, hint="no node was started")
+    return completed, [*found, *spared]
+
+
+def with_master_port(plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[JobSpec, list[str]]:
+    """The job with the master port the master's ready check chose and leased (when nobody set one), and a line
+    saying so when it is not the usual 29500."""
+    chosen = ready[plan.master.name].master_port if plan.master.name in ready else None
+    if not plan.choose_port or not chosen or chosen == plan.master_port:
+        return plan.job, []
+    return (dataclasses.replace(plan.job, master_port=chosen),
+            [f"{plan.master.name}: master port {chosen} (port {plan.master_port} is taken there; the first free one "
+             "after it)"])
+
+
+#: The label the nodes' Slurm switch is given, from SLURM_TOPOLOGY_ADDR, when nobody chose a rank order.
+SLURM_SWITCH = "slurm-switch"
+
+
+def with_slurm_topology(inv: Inventory, job: JobSpec, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, JobSpec]:
+    """Under Slurm with a network topology (``SLURM_TOPOLOGY_ADDR`` in the nodes' steps, ``s0.s2.node07``), and
+    nobody chose a rank order: each node labelled with its leaf switch (``slurm-switch=s0.s2``) and the job
+    ordered by it, so the nodes under one switch get consecutive ranks. The first node keeps rank 0 (its group
+    comes first): the master the ready check looked at stays the master."""
+    switches = {name: r.topology_addr.rsplit(".", 1)[0] for name, r in ready.items()
+                if r.topology_addr and "." in r.topology_addr}
+    chosen = job.rank_order not in (None, f"label:{SLURM_SWITCH}")  # a restart's job has it already
+    if not switches or chosen or "rank_order" in inv.network.model_fields_set:
+        return inv, job
+    nodes = [n.model_copy(update={"labels": [*n.labels, f"{SLURM_SWITCH}={switches[n.name]}"]})
+             if n.name in switches else n for n in inv.nodes]
+    return inv.model_copy(update={"nodes": nodes}), dataclasses.replace(job, rank_order=f"label:{SLURM_SWITCH}")
+
+
 def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, LaunchPlan]:
-    """The inventory completed with the nodes' network facts (and the GPUs of nodes nobody listed them for, see
-    :func:`with_found_gpus`), and the plan made from it. A single node's NICs are not looked at (its ranks talk
-    over loopback). Raises :class:`StartError`
-    naming each node whose listed NICs, addresses or RDMA ports are not what the node has.
+    """The inventory completed with the nodes' network facts and GPUs (those of nodes nobody listed them for,
+    none leased by another run: see :func:`with_free_gpus`), and the plan made from it with the master port the
+    master chose. A single node's NICs are not looked at (its ranks talk over loopback). Raises
+    :class:`StartError` naming each node whose listed NICs, addresses or RDMA ports are not what the node has,
+    :class:`GpusLeased` naming the GPUs other runs hold that this one needs.
     """
-    inv, found = with_found_gpus(inv, plan, ready)
+    given = inv
+    inv, found = with_free_gpus(inv, plan, ready)
+    job, port = with_master_port(plan, ready)
+    found += port
     if plan.nnodes < 2:
-        return inv, (dataclasses.replace(build_plan(inv, plan.job), probed=(*plan.probed, *found)) if found
-                     else plan)
+        return inv, (dataclasses.replace(build_plan(inv, job), probed=(*plan.probed, *found))
+                     if found or inv is not given or job is not plan.job else plan)
+    inv, job = with_slurm_topology(inv, job, ready)
     facts, unknown, ssh = read_facts(ready)
     result = reconcile(inv, facts)
     if result.problems:
         raise StartError(dict(result.problems), hint=MISMATCH_HINT)
     try:
-        new = build_plan(result.inventory, plan.job, ssh_addresses=ssh, probed=(*found, *result.probed))
+        new = build_plan(result.inventory, job, ssh_addresses=ssh, probed=(*found, *result.probed))
     except PlanError as exc:
         raise StartError({"plan": str(exc)}, hint=MISMATCH_HINT) from None
     if unknown:
@@ -109,3 +161,38 @@ def recompose(active: Sequence[str], spares: Sequence[str], drop: Mapping[str, s
 def backoff(restart: int, base: float) -> float:
     """Seconds to wait before restart number ``restart`` (1, 2, ...): doubling from ``base``, at most a minute."""
     return min(base * (2 ** max(restart - 1, 0)), MAX_BACKOFF) if base > 0 else 0.0
+
+
+FIRST_DELAY = 2.0
+MAX_DELAY = 30.0
+
+
+class GpuWait:
+    """The waits of one ``up --wait-gpus [SECONDS]``: ``limit`` seconds in all (inf: no limit), each announced
+    through ``say``.
+
+    When the ready check finds GPUs the run needs leased by other runs (:class:`GpusLeased`), the agents are
+    dropped, a line says who holds what and when the next look is, and the ready check runs again after a
+    backoff (doubling from 2 s, at most 30 s: a queue of runs should not hammer the nodes' sshd, and a freed GPU
+    should not idle long). Past the time limit the refusal stands, naming the holders."""
+
+    def __init__(self, limit: float, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.limit, self.say, self.clock, self.sleep = limit, say, clock, sleep
+        self.started = clock()
+        self.waits = 0
+
+    def again(self, refused: GpusLeased) -> bool:
+        """Wait before the next ready check and return True; False when the time limit is past (the caller
+        raises ``refused``)."""
+        left = self.limit - (self.clock() - self.started)
+        if left <= 0:
+            return False
+        delay = min(FIRST_DELAY * 2 ** self.waits, MAX_DELAY, left)
+        self.waits += 1
+        held = "; ".join(f"{node}: {why.split('; list other GPUs')[0].split('; two runs never')[0]}"
+                         for node, why in refused.problems.items())
+        limit = "" if math.isinf(self.limit) else f", giving up in {left:.0f}s"
+        self.say(f"waiting for GPUs ({held}); next look in {delay:.0f}s{limit}")
+        self.sleep(delay)
+        return True

@@ -33,6 +33,7 @@ class SupervisorSettings:
     hang_timeout: float | None = None  # no output from any rank for this long: every rank's stack, a digest
     on_hang: str = "wait"  # or "stop": after the digest, stop the job
     load_every: float = 3.0  # seconds between the agents' CPU reports (stragglers); 0: none
+    wait_gpus: float | None = None  # ``up --wait-gpus``: seconds to queue for leased GPUs (inf: no limit)
 
     def paced(self, nodes: int) -> SupervisorSettings:
         """These settings for a run of ``nodes`` nodes: heartbeats and CPU reports spaced out on large runs, so

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from clusterrun import redact
 from clusterrun.agents.link import AgentLink
-from clusterrun.errors import ClusterrunError, StartError, UsageError
+from clusterrun.errors import ClusterrunError, GpusLeased, StartError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
@@ -20,7 +20,7 @@ from clusterrun.launch.outcome import Attempt, RankState, RunOutcome, Signature,
 from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.ready import NodeReady, check_ready, drop, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
-from clusterrun.launch.replan import CannotContinue, backoff, plan_with_facts, recompose
+from clusterrun.launch.replan import CannotContinue, GpuWait, backoff, plan_with_facts, recompose
 from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier
@@ -215,7 +215,9 @@ class _Run:
     def _prepare(self, plan: LaunchPlan, attempt: Attempt) -> tuple[LaunchPlan, dict[str, NodeReady], Attempt]:
         """Check the attempt's nodes and complete its plan. A node that fails the checks is replaced by a spare or
         left out (with ``--min-nodes``) and the others are checked again; otherwise :class:`StartError`."""
-        for _ in range(len(self.inv.nodes) + 1):
+        waits = GpuWait(self.settings.wait_gpus, self.console.info) if self.settings.wait_gpus is not None else None
+        drops = 0
+        while drops <= len(self.inv.nodes):
             self._open(plan)
             if any(n.transport is not TransportKind.local for n in plan.nodes):
                 self.console.info(f"checking {plan.nnodes} node(s)...")
@@ -226,6 +228,7 @@ class _Run:
                 if not failed or len(failed) < len(exc.problems) or not (self.restarts.may_drop or self.spares):
                     raise
                 plan, attempt = self._without(plan, attempt, failed, exc)
+                drops += 1
                 continue
             try:
                 inv, plan = plan_with_facts(self._inventory(attempt.nodes), plan, ready)
@@ -236,6 +239,11 @@ class _Run:
                     self.console.info(f"warning: {warning}")
                 check_paths(inv, plan, self.transports, _links(ready), self.run_dir, self.console,
                             self.preflight_mode, self.full_check)
+            except GpusLeased as exc:  # other runs hold GPUs this one needs: refused, or queued (--wait-gpus)
+                drop(ready)
+                if waits is None or not waits.again(exc):
+                    raise
+                continue
             except BaseException:
                 drop(ready)  # every agent waits for a job that will not come
                 raise

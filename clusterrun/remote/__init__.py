@@ -8,6 +8,7 @@ job.py              the agent's ``run`` (and ``go``): torchrun in its own sessio
 collect.py          the agent's ``collect``: what is left of a run after a broken stream, and its missing logs
 execmode.py         the agent's ``exec``: one shell command for ``clusterrun exec``
 procs.py            the agent's process tools: descendants, a run's marked processes, stopping them
+leases.py           the GPU and master-port leases a run holds on a node for its whole life (flock)
 protocol.py         the agent's contract: each mode's spec (keys, types, the one set of defaults) and the wire
                     protocol (events, payloads, commands); written by the agent, read by clusterrun
 wire.py             the agent's output: events written whole
@@ -58,7 +59,7 @@ def _packed(name: str) -> str:
 
 
 # What the agent imports, sent with it, in import order.
-AGENT_MODULES = ("protocol", "wire", "procs", "tailing", "pathwatch", "stacks", "flight", "nodefacts", "ready",
+AGENT_MODULES = ("protocol", "wire", "procs", "leases", "tailing", "pathwatch", "stacks", "flight", "nodefacts", "ready",
                  "session", "job", "collect", "execmode")
 
 

@@ -7,7 +7,7 @@
 ``exec``    one shell command, its output relayed as ``line`` events (execmode.py)
 ``collect`` after a broken stream: stop what is left of a run, send the log lines clusterrun lacks (collect.py)
 ``sweep``   stop every process of a run on this node (its environment carries ``CLUSTERRUN_RUN_ID``)
-``ps``      list them
+``ps``      list them; without a run id, every run on the node (its processes, every user's leases)
 =========== =================================================================================================
 
 Every mode but ``prepare`` reads its spec as the first line of stdin (base64 JSON, see protocol.py), never
@@ -22,11 +22,12 @@ import signal
 import sys
 
 if __package__:  # imported as part of clusterrun (by clusterrun itself, by tests)
-    from clusterrun.remote import collect, execmode, job, procs, protocol, session, wire
+    from clusterrun.remote import collect, execmode, job, leases, procs, protocol, session, wire
 else:  # run on a node: as a file beside its modules, or sent inline with them (see clusterrun.remote.argv)
     import collect
     import execmode
     import job
+    import leases
     import procs
     import protocol
     import session
@@ -45,8 +46,15 @@ def sweep(spec: dict) -> int:
 
 
 def ps(spec: dict) -> int:
-    """The processes of the run on this node: ``alive`` (pids)."""
-    wire.emit({"ev": protocol.ALIVE, "pids": procs.marked(spec["run_id"], {os.getpid(), os.getppid()}, spec["node"])})
+    """The processes of the run on this node: ``alive`` (pids). Without a run id, every run here: ``alive`` with
+    ``runs`` (this user's runs by their processes, see procs.runs) and ``leases`` (every user's, by their GPU and
+    master-port leases: {"gpus": {index: holder}, "ports": {port: holder}})."""
+    exclude = {os.getpid(), os.getppid()}
+    if not spec["run_id"]:
+        wire.emit({"ev": protocol.ALIVE, "pids": [], "runs": procs.runs(exclude),
+                   "leases": {"gpus": leases.held(leases.GPU), "ports": leases.held(leases.PORT)}})
+        return 0
+    wire.emit({"ev": protocol.ALIVE, "pids": procs.marked(spec["run_id"], exclude, spec["node"])})
     return 0
 
 

@@ -29,9 +29,10 @@ import threading
 import time
 
 if __package__:
-    from clusterrun.remote import flight, pathwatch, procs, protocol, stacks, tailing, wire
+    from clusterrun.remote import flight, leases, pathwatch, procs, protocol, stacks, tailing, wire
 else:
     import flight
+    import leases
     import pathwatch
     import procs
     import protocol
@@ -269,6 +270,11 @@ class Agent:
         cwd = os.path.expanduser(self.spec["cwd"] or self.run_dir)
         self._stage()
         argv = self._argv()
+        # The run's GPUs are leased until this agent ends (SIGKILL included): no other run gets them meanwhile.
+        taken = leases.take_gpus(self.spec["gpus"], leases.holder(self.run_id, self.node))
+        if taken:
+            wire.emit({"ev": protocol.ERROR, "text": "not started: %s" % taken, "time": time.time()})
+            return self._finish(125, None, {}, reason="not started: %s" % taken)
         try:
             proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

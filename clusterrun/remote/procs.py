@@ -115,6 +115,60 @@ def marked(run_id: str, exclude: set, node: str = "") -> list:
     return found
 
 
+def _started(pid: int, boot: float, tick: float):
+    """When process ``pid`` started (seconds since the epoch), from /proc/<pid>/stat; None when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        return boot + int(stat[stat.rfind(")") + 2:].split()[19]) / tick
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        return float(next(line.split()[1] for line in f if line.startswith("btime ")))
+
+
+def runs(exclude: set) -> dict:
+    """Every run with processes here that this user may see (another user's environment is not readable;
+    their runs show through their leases): {run id: {"pids", "nodes", "user", "since"}}."""
+    prefix, node_prefix = f"{RUN_ID_VAR}=".encode(), f"{NODE_VAR}=".encode()
+    try:
+        boot, tick = _boot_time(), float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, StopIteration):
+        boot, tick = 0.0, 0.0
+    out: dict = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in exclude:
+            continue
+        try:
+            uid = os.stat(f"/proc/{name}").st_uid
+            with open(f"/proc/{name}/environ", "rb") as f:
+                items = f.read().split(b"\0")
+        except OSError:
+            continue
+        run = next((i[len(prefix):].decode(errors="replace") for i in items if i.startswith(prefix)), None)
+        if not run:
+            continue
+        entry = out.setdefault(run, {"pids": [], "nodes": [], "uid": uid, "since": None})
+        entry["pids"].append(int(name))
+        node = next((i[len(node_prefix):].decode(errors="replace") for i in items if i.startswith(node_prefix)), "")
+        if node and node not in entry["nodes"]:
+            entry["nodes"].append(node)
+        started = _started(int(name), boot, tick) if tick else None
+        if started is not None and (entry["since"] is None or started < entry["since"]):
+            entry["since"] = started
+    for entry in out.values():
+        try:
+            import pwd
+
+            entry["user"] = pwd.getpwuid(entry.pop("uid")).pw_name
+        except (ImportError, KeyError):
+            entry["user"] = str(entry.pop("uid", "?"))
+    return out
+
+
 def _signal_all(pids: list, sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -31,7 +31,8 @@ Events of ``agent.py collect``: ``swept`` (pids) or ``alive`` (pids), then per r
 bytes, lines, from, skipped_bytes, skipped_lines) and its ``out`` events, then ``record`` (exit: the node's
 exit.json or null). Events of ``agent.py exec``: ``line`` (stream, text), then ``exit`` (rc, reason).
 
-Events of ``agent.py sweep``: ``swept`` (pids); of ``agent.py ps``: ``alive`` (pids).
+Events of ``agent.py sweep``: ``swept`` (pids); of ``agent.py ps``: ``alive`` (pids; for every run, with
+``runs`` and ``leases``).
 
 Every mode takes its spec the same way: ``agent.py MODE``, then the spec as the first line of stdin (base64
 JSON); ``prepare`` takes the check's and the run's specs as ``check <spec>`` and ``go <spec>`` lines. Never on
@@ -272,6 +273,7 @@ RUN = Spec("run", {
     "stacks": ((dict, None), None, STACKS_SPEC),
     "load_every": ((float,), 0.0),  # 0: no ``load`` events
     "watch": ((dict, None), None, WATCH_SPEC),
+    "gpus": ((list,), list),  # the GPUs the run leases on this node for its whole life (see leases.py)
 })
 EXEC = Spec("exec", {
     "command": ((str,), REQUIRED),
@@ -294,14 +296,17 @@ SWEEP = Spec("sweep", {
     "grace": ((float,), GRACE),
 })
 PS = Spec("ps", {
-    "run_id": ((str,), REQUIRED),
+    "run_id": ((str,), REQUIRED),  # "": every run on the node (``clusterrun ps``)
     "node": ((str,), ""),
 })
 CHECK = Spec("check", {
     "run_dir": ((str,), REQUIRED),
     "cache": ((str,), REQUIRED),  # the node's content cache of staged files
     "hashes": ((list,), list),  # the staged files' sha256, to look for in the cache
-    "port": ((int, None), None),  # the master port to find free (rank 0)
+    "port": ((int, None), None),  # the master port the user gave, to lease and find free (rank 0)
+    "choose_port": ((bool,), False),  # no port given: lease a free one (rank 0) and report it
+    "run_id": ((str,), ""),  # who holds the leases taken (in their files, for other runs to name)
+    "node": ((str,), ""),
     "idle": ((float,), IDLE),
 })
 SPECS = {spec.mode: spec for spec in (RUN, EXEC, COLLECT, SWEEP, PS, CHECK)}

@@ -2,20 +2,22 @@
 
 :func:`check` (the node agent's ``check`` command, see session.py) proves this interpreter has torch with
 torchrun (found, not imported: an import costs seconds of CPU on every node at every launch), creates the run
-directory and the content cache, lists the staged files the cache lacks, checks that the master port is free
-(on rank 0), and adds the node's facts as nodefacts.py reports them (``net``, ``gpus``): the same report
-``plan --probe``, ``init`` and doctor read.
+directory and the content cache, lists the staged files the cache lacks, on rank 0 leases the master port
+(the user's, proven free; or, when the user set none, a free one it reports as ``master_port``: see
+leases.py), and adds the node's facts as nodefacts.py reports them (``net``, ``gpus``: the same report
+``plan --probe``, ``init`` and doctor read), the GPUs other runs hold (``leases``: {index: holder}) and, in a
+Slurm step, the node's ``SLURM_TOPOLOGY_ADDR`` (``topology_addr``).
 """
 
 import glob
 import importlib.util
 import os
-import socket
 import sys
 
 if __package__:
-    from clusterrun.remote import nodefacts
+    from clusterrun.remote import leases, nodefacts
 else:
+    import leases
     import nodefacts
 
 
@@ -57,15 +59,21 @@ def check(spec):
     for digest in spec["hashes"]:
         if not os.path.isfile(os.path.join(os.path.expanduser(spec["cache"]), digest)):
             out["missing"].append(digest)
+    who = leases.holder(spec["run_id"], spec["node"])
     if spec.get("port"):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torchrun's store does: TIME_WAIT is no conflict
-        try:
-            s.bind(("", spec["port"]))
-        except OSError as exc:
-            out["problems"].append("master port %d is already in use on this node (%s): another job, or a "
-                                   "leftover one; pick another with --master-port" % (spec["port"], exc.strerror))
-        finally:
-            s.close()
+        problem = leases.check_port(spec["port"], who)
+        if problem:
+            out["problems"].append(problem)
+    elif spec["choose_port"]:
+        out["master_port"] = leases.free_port(who)
+        if not out["master_port"]:
+            out["problems"].append("no free master port from %d to %d on this node; give one with --master-port"
+                                   % (leases.DEFAULT_PORT, leases.DEFAULT_PORT + leases.PORT_TRIES - 1))
     out.update(nodefacts.report())
+    out["leases"] = leases.held(leases.GPU)
+    # Where Slurm placed this node in its network (topology/tree: "s0.s2.node07"), for the rank order.
+    addr, pattern = os.environ.get("SLURM_TOPOLOGY_ADDR"), os.environ.get("SLURM_TOPOLOGY_ADDR_PATTERN")
+    if addr and pattern and pattern.count(".") != addr.count("."):
+        addr = None  # a node name with dots: the switches cannot be told from the name
+    out["topology_addr"] = addr if addr and (pattern or "switch.").startswith("switch.") else None
     return out
