@@ -28,7 +28,7 @@ from typing import Any
 
 import paramiko
 
-from clusterrun.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError
+from clusterrun.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError, UsageError
 from clusterrun.inventory.models import SshSettings
 from clusterrun.transport.base import DEFAULT_COMMAND_TIMEOUT, CommandResult, Stream, Transport, shell_command
 from clusterrun.transport.known_hosts import HostKeyCheck, KnownHosts, prefer_key_types
@@ -145,7 +145,12 @@ class SshTransport(Transport):
     @property
     def target(self) -> SshTarget:
         if self._target is None:
-            self._target = resolve_target(self.host, self.settings)
+            try:
+                self._target = resolve_target(self.host, self.settings)
+            except UsageError as exc:
+                if str(exc).startswith(f"{self.node}:"):
+                    raise
+                raise UsageError(f"{self.node}: {exc}") from None  # which node's ssh_config lookup failed
         return self._target
 
     # ------------------------------------------------------------ connection

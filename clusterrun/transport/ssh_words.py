@@ -36,7 +36,7 @@ class Origin:
     line: int
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}"
+        return f"{self.path}:{self.line}" if self.line else self.path  # line 0: known only as a whole
 
 
 def split_words(text: str, origin: Origin) -> list[str]:

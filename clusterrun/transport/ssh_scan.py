@@ -1,0 +1,113 @@
+"""The lines of the ssh_config files OpenSSH would read, without evaluating them: for deciding whether ``ssh -G``
+is needed at all, and for naming the file and line a value printed by ``ssh -G`` came from.
+
+The scan follows every ``Include`` whatever block it sits in (a superset of what applies), so "no line sets a
+keyword clusterrun uses" read here is true of every host. ``ssh`` itself finds ``~/.ssh/config`` in the
+password database's home, not ``$HOME``; so does this scan.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusterrun.errors import UsageError
+from clusterrun.transport.ssh_config import SYSTEM_CONFIG, _config_lines
+from clusterrun.transport.ssh_keywords import KEYWORDS
+from clusterrun.transport.ssh_words import Origin, split_words
+
+_MAX_DEPTH = 16
+
+
+def ssh_home() -> str:
+    """The home directory ``ssh`` uses for ``~``: the password database's, which ``$HOME`` does not change."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return os.path.expanduser("~")
+
+
+def openssh_files(config_file: str | None) -> list[tuple[Path, bool]]:
+    """The files ``ssh`` reads (``-F FILE`` alone, or the user's file then the system file), those that exist."""
+    if config_file:
+        return [(Path(os.path.expanduser(config_file)), False)]
+    candidates = [(Path(ssh_home()) / ".ssh" / "config", False), (Path(SYSTEM_CONFIG), True)]
+    return [(path, system) for path, system in candidates if path.is_file()]
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Every line of the files and of every file they include, in reading order; ``complete`` is False when an
+    Include could not be followed (a token or variable in its name) or a line could not be split."""
+
+    lines: tuple[tuple[Origin, str, str], ...]  # where, keyword (lower case), the rest of the line
+    complete: bool
+    version: tuple[tuple[str, int, int], ...]  # each file read: path, mtime_ns, size (an answer's cache key)
+
+    def sets_any(self, keywords: frozenset[str]) -> bool:
+        """Whether the files might set one of ``keywords`` for some host, or hold something only OpenSSH can
+        judge (a keyword it may not know, a line or Include this scan cannot follow)."""
+        if not self.complete:
+            return True
+        return any(keyword in keywords or keyword not in KEYWORDS for _, keyword, _ in self.lines)
+
+    def locate(self, keyword: str, value: str) -> Origin | None:
+        """The first line that sets ``keyword`` to ``value`` (as written, or as its words), if any."""
+        return self.locate_where(keyword, lambda text: text == value)
+
+    def locate_where(self, keyword: str, same: Callable[[str], bool]) -> Origin | None:
+        """The first line of ``keyword`` whose value (as written, its first word, or its words) is ``same``."""
+        for origin, word, rest in self.lines:
+            if word != keyword:
+                continue
+            text = rest.strip()
+            try:
+                words = split_words(text, origin)
+            except UsageError:
+                words = []
+            if same(text) or (words and (same(words[0]) or same(" ".join(words)))):
+                return origin
+        return None
+
+
+def scan(files: list[tuple[Path, bool]]) -> Scan:
+    """The lines of ``files`` (see :class:`Scan`); never raises: what cannot be read makes the scan incomplete."""
+    lines: list[tuple[Origin, str, str]] = []
+    version: list[tuple[str, int, int]] = []
+    complete = _scan_into(lines, version, files, 0)
+    return Scan(tuple(lines), complete, tuple(version))
+
+
+def _scan_into(lines: list[tuple[Origin, str, str]], version: list[tuple[str, int, int]],
+               files: list[tuple[Path, bool]], depth: int) -> bool:
+    if depth > _MAX_DEPTH:
+        return False
+    complete = True
+    for path, system in files:
+        try:
+            info = path.stat()
+            version.append((str(path), info.st_mtime_ns, info.st_size))
+            found = _config_lines(path)
+        except (OSError, UsageError):
+            return False
+        for origin, keyword, rest, _ in found:
+            lines.append((origin, keyword, rest))
+            if keyword != "include":
+                continue
+            try:
+                names = split_words(rest, origin)
+            except UsageError:
+                return False
+            for name in names:
+                if "%" in name or "$" in name:
+                    return False
+                name = name.replace("~", ssh_home(), 1) if name.startswith("~") else name
+                if not os.path.isabs(name):
+                    name = os.path.join("/etc/ssh" if system else os.path.join(ssh_home(), ".ssh"), name)
+                included = [(Path(p), system) for p in sorted(glob.glob(name)) if os.path.isfile(p)]
+                complete = _scan_into(lines, version, included, depth + 1) and complete
+    return complete
