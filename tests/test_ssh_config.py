@@ -49,16 +49,20 @@ def path_without_ssh(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(bin_dir)
 
 
-@pytest.fixture(params=["ssh -G", "no ssh on PATH"])
+@pytest.fixture(params=["ssh on PATH", "ssh -G always", "no ssh on PATH"])
 def reader(request: pytest.FixtureRequest, home: Path, monkeypatch: pytest.MonkeyPatch, path_without_ssh: str) -> str:
-    """Which reader the case runs under, chosen as in real use: by whether ``ssh`` is on PATH."""
-    if request.param == "ssh -G":
-        if SSH is None:
-            pytest.skip("the OpenSSH client is not installed")
-    else:
+    """Which reader the case runs under, chosen as in real use by whether ``ssh`` is on PATH (with ssh there,
+    a plain file is read by clusterrun's reader once OpenSSH accepted it), or ``ssh -G`` for every target."""
+    if request.param == "no ssh on PATH":
         monkeypatch.setenv("PATH", path_without_ssh)
-    assert (ssh_resolve.ssh_binary() is not None) == (request.param == "ssh -G")
-    return "openssh" if request.param == "ssh -G" else "builtin"
+        assert ssh_resolve.ssh_binary() is None
+        return "builtin"
+    if SSH is None:
+        pytest.skip("the OpenSSH client is not installed")
+    if request.param == "ssh -G always":
+        monkeypatch.setenv(ssh_resolve.READER_ENV, "openssh")
+    assert ssh_resolve.ssh_binary() is not None
+    return "openssh"
 
 
 @pytest.fixture
@@ -253,10 +257,11 @@ def test_supported_match_criteria(home: Path, builtin: None) -> None:
     assert (t.port, t.identity_files) == (2209, ())
 
 
-def test_host_patterns_wildcards_negation_case_and_brackets(home: Path, builtin: None) -> None:
+def test_host_patterns_wildcards_negation_case_and_brackets(home: Path, reader: str) -> None:
     config = write(home / "cfg", "Host gpu?? !gpu13\n    Port 2201\nHost [web]*\n    Port 2202\n"
-                                 "Host !*.internal\n    Port 2203\n")
-    assert target(config, "GPU12").port == 2201
+                                 "Host !*.internal\n    Port 2203\nHost GPU*\n    Port 2204\n")
+    assert target(config, "gpu12").port == 2201
+    assert target(config, "GPU12").port == 2204  # a Host line takes the name as given, case and all (OpenSSH 9.2)
     assert target(config, "gpu13").port == 22  # only negated patterns match in the last block: never
     assert target(config, "[web]01").port == 2202
     assert target(config, "w1").port == 22

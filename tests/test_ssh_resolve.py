@@ -25,10 +25,17 @@ pytestmark = pytest.mark.skipif(SSH is None, reason="the OpenSSH client is not i
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """HOME in tmp_path; the reader as in real use (``ssh`` on PATH: ssh -G where a file needs it)."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("USER", "me")
-    monkeypatch.setenv(ssh_resolve.READER_ENV, "openssh")
+    monkeypatch.delenv(ssh_resolve.READER_ENV, raising=False)
     return tmp_path
+
+
+@pytest.fixture
+def always(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ssh -G`` for every target, plain files too."""
+    monkeypatch.setenv(ssh_resolve.READER_ENV, "openssh")
 
 
 @pytest.fixture
@@ -48,7 +55,7 @@ def calls(log: Path, host: str) -> list[str]:
     return [line for line in log.read_text().splitlines() if line.endswith(f"-- {host}")]
 
 
-def test_what_the_config_sets_applies_and_clusterruns_defaults_stay_elsewhere(home: Path) -> None:
+def test_what_the_config_sets_applies_and_clusterruns_defaults_stay_elsewhere(home: Path, always: None) -> None:
     key = home / "gpu_key"
     key.write_text("")
     config = home / "cfg"
@@ -68,7 +75,7 @@ def test_what_the_config_sets_applies_and_clusterruns_defaults_stay_elsewhere(ho
     assert other.known_hosts == (str(home / ".ssh/known_hosts"), str(home / ".ssh/known_hosts2"))
 
 
-def test_the_inventorys_user_and_port_are_ssh_command_line_options(home: Path) -> None:
+def test_the_inventorys_user_and_port_are_ssh_command_line_options(home: Path, always: None) -> None:
     config = home / "cfg"
     config.write_text("Match user alice\n    HostName alice-gw\nHost *\n    User cfg\n    Port 2200\n"
                       "    ProxyCommand nc %h %p %r\n")
@@ -78,7 +85,7 @@ def test_the_inventorys_user_and_port_are_ssh_command_line_options(home: Path) -
     assert t.proxy_origin == f"ProxyCommand at {config}:6"  # ssh -G prints no origin: found in the file
 
 
-def test_a_catch_all_proxyjump_reaching_the_jump_host_is_openssh_s_jumphost_loop(home: Path) -> None:
+def test_a_catch_all_proxyjump_reaching_the_jump_host_is_openssh_s_jumphost_loop(home: Path, always: None) -> None:
     config = home / "cfg"
     config.write_text("Host *\n    ProxyJump bastion\n")
     with pytest.raises(UsageError, match=r"^bastion: OpenSSH refuses .*jumphost loop via bastion"):
@@ -89,7 +96,7 @@ def test_a_catch_all_proxyjump_reaching_the_jump_host_is_openssh_s_jumphost_loop
     assert t.proxy_origin == f"ProxyJump at {config}:4"
 
 
-def test_ssh_dash_g_runs_once_per_distinct_target(home: Path, ssh_calls: Path) -> None:
+def test_ssh_dash_g_runs_once_per_distinct_target(home: Path, always: None, ssh_calls: Path) -> None:
     config = home / "cfg"
     config.write_text("Host gpu*\n    ProxyJump ops@bastion\nHost bastion\n    HostName 10.0.0.9\n")
     settings = SshSettings(config_file=str(config))
@@ -108,30 +115,86 @@ def test_no_ssh_dash_g_where_no_file_sets_what_clusterrun_uses(home: Path, ssh_c
     t = resolve_target("gpu1", SshSettings(config_file=str(config)))
     assert (t.hostname, t.port, t.policy) == ("gpu1", 22, HostKeyPolicy.accept_new)
     assert ssh_calls.read_text() == ""
-    # An Include is followed whatever block it is in, and what it sets makes ssh -G needed.
+    # An Include is followed whatever block it is in, and what it sets makes OpenSSH's reading needed (here
+    # a plain file: OpenSSH checks each file once, clusterrun's reader answers).
     (home / "inc.conf").write_text("Port 2201\n")
     config.write_text(f"Host other\n    Include {home}/inc.conf\n")
     assert resolve_target("gpu1", SshSettings(config_file=str(config))).port == 22
-    assert len(calls(ssh_calls, "gpu1")) == 1
+    assert len(calls(ssh_calls, "clusterrun-check")) == 2
     # A keyword OpenSSH may not know is for OpenSSH to judge.
     config.write_text("Host *\n    SendEnv LANG\n    NoSuchOption yes\n")
     with pytest.raises(UsageError, match="Bad configuration option: nosuchoption"):
         resolve_target("gpu1", SshSettings(config_file=str(config)))
 
 
-def test_openssh_refusing_the_config_names_the_node_file_and_line(home: Path) -> None:
+@pytest.mark.parametrize(("text", "said"), [
+    ("Host 10.0.0.5\n    Port 22\n    Compression maybe\n", 'unsupported option "maybe"'),
+    ("Match host 10.*\n    Port 22\n    HostNmae 10.0.0.6\n",
+     "Bad configuration option: hostnmae (did you mean 'hostname'?)")], ids=["plain", "match"])
+def test_openssh_refusing_the_config_names_the_node_file_and_line(home: Path, text: str, said: str) -> None:
     config = home / "cfg"
-    config.write_text("Host 10.0.0.5\n    Port 22\n    HostNmae 10.0.0.6\n")
+    config.write_text(text)
     transport = SshTransport("gpu01", "10.0.0.5", SshSettings(config_file=str(config)))
     with pytest.raises(UsageError) as refused:
         transport.connect()
+    asked = f"ssh -G -F {config}" if text.startswith("Host") else "ssh -G 10.0.0.5"  # a plain file: read once
     assert str(refused.value) == (
-        f"gpu01: 10.0.0.5: OpenSSH refuses this ssh_config (`ssh -G 10.0.0.5`): {config}:3: Bad configuration "
-        "option: hostnmae (did you mean 'hostname'?)")
+        f"gpu01: 10.0.0.5: OpenSSH refuses this ssh_config (`{asked}`): {config}:3: {said}")
+
+
+PLAIN = """\
+Include {home}/inc.conf
+Host gpu1 gpu2
+    HostName 10.0.0.%s
+    User ops
+Host gpu* !gpu9
+    Port 2200
+    IdentityFile {home}/k1
+    IdentityFile {home}/k2
+    StrictHostKeyChecking yes
+Host bastion
+    HostName 10.9.0.1
+    Port 2222
+Host web*
+    ProxyCommand nc -X connect %h %p
+Host gpu*
+    ProxyJump admin@bastion
+    ConnectTimeout 4
+    UserKnownHostsFile {home}/kh {home}/kh2
+    HashKnownHosts yes
+Host *
+    User everyone
+    GlobalKnownHostsFile {home}/gkh
+    HostKeyAlias shared
+"""
+
+
+@pytest.mark.parametrize(("host", "user", "port"), [("gpu1", None, None), ("gpu2", "alice", 2022), ("gpu9", None, None),
+                                                    ("web1", None, None), ("bastion", None, None), ("other", None, 23)])
+def test_a_plain_file_read_by_clusterrun_once_openssh_accepted_it_agrees_with_ssh_dash_g_per_target(
+        home: Path, ssh_calls: Path, monkeypatch: pytest.MonkeyPatch, host: str, user: str | None,
+        port: int | None) -> None:
+    for key in ("k1", "k2"):
+        (home / key).write_text("")
+    (home / "inc.conf").write_text("Host gpu2\n    ConnectTimeout 3\n")
+    config = home / "cfg"
+    config.write_text(PLAIN.format(home=home).replace("10.0.0.%s", "10.0.0.1"))
+    settings = SshSettings(config_file=str(config), user=user, port=port)
+    plain = resolve_target(host, settings)
+    assert [c.split()[-1] for c in ssh_calls.read_text().splitlines()] == ["clusterrun-check", "clusterrun-check"]
+    monkeypatch.setenv(ssh_resolve.READER_ENV, "openssh")
+    assert resolve_target(host, settings) == plain
+    # Outside the plain subset (a token in a HostName), ssh -G answers for each target.
+    config.write_text(PLAIN.format(home=home).replace("10.0.0.%s", "%h.lan"))
+    monkeypatch.delenv(ssh_resolve.READER_ENV)
+    before = len(calls(ssh_calls, host))
+    assert resolve_target(host, settings).hostname == (f"{host}.lan" if host in ("gpu1", "gpu2") else plain.hostname)
+    assert len(calls(ssh_calls, host)) == before + 1
 
 
 def test_forcing_openssh_without_ssh_on_path_is_a_usage_error(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(home))
+    monkeypatch.setenv(ssh_resolve.READER_ENV, "openssh")
     with pytest.raises(UsageError, match="CLUSTERRUN_SSH_CONFIG_READER=openssh but no ssh binary is on PATH"):
         ssh_resolve.ssh_binary()
     monkeypatch.setenv(ssh_resolve.READER_ENV, "builtin")

@@ -202,7 +202,7 @@ class _Lookup:
             if not self.known(keyword, origin):
                 continue
             if keyword == "host":
-                active = not never_match and matches_pattern_list(patterns, self.host)
+                active = not never_match and matches_pattern_list(patterns, self.host, case_sensitive=True)
             elif keyword == "match":
                 matched = self.match(rest, origin)
                 active = not never_match and matched

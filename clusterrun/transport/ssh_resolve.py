@@ -49,7 +49,7 @@ from clusterrun.errors import UsageError
 from clusterrun.transport.jump_spec import parse_jump_spec
 from clusterrun.transport.ssh_config import MATCH_EXEC_TIMEOUT, HostConfig, Proxy, lookup_config
 from clusterrun.transport.ssh_keywords import KEYWORDS
-from clusterrun.transport.ssh_scan import Scan, openssh_files, scan
+from clusterrun.transport.ssh_scan import Scan, openssh_files, scan, ssh_home
 from clusterrun.transport.ssh_words import Origin
 
 READER_ENV = "CLUSTERRUN_SSH_CONFIG_READER"
@@ -73,7 +73,7 @@ _lock = threading.Lock()
 
 def ssh_binary() -> str | None:
     """The ``ssh`` to ask, or None when clusterrun's own reader is to be used (see the module docstring)."""
-    choice = os.environ.get(READER_ENV, "").strip().lower()
+    choice = _choice()
     if choice == "builtin":
         return None
     found = shutil.which("ssh")
@@ -83,6 +83,10 @@ def ssh_binary() -> str | None:
     if choice not in ("", "openssh"):
         raise UsageError(f"{READER_ENV}={choice!r}: expected openssh or builtin")
     return found
+
+
+def _choice() -> str:
+    return os.environ.get(READER_ENV, "").strip().lower()
 
 
 def host_config(host: str, config_file: str | None, files: list[tuple[Path, bool]], *, user: str | None,
@@ -97,8 +101,14 @@ def host_config(host: str, config_file: str | None, files: list[tuple[Path, bool
     if ssh is None:
         return lookup_config(host, files, user=user)
     found = scan(openssh_files(config_file))
-    if not found.sets_any(USED):
-        return HostConfig()
+    if _choice() != "openssh":
+        if not found.sets_any(USED):
+            return HostConfig()
+        same_files = [p for p, _ in files] == [p for p, _ in openssh_files(config_file)]
+        tilde = os.path.expanduser("~") == ssh_home()
+        if same_files and host == host.lower() and found.plain(USED, tilde):
+            _validate(ssh, found, host)
+            return lookup_config(host, files, user=user)
     key = (config_file, host, user, port, jump_given, found.version)
     with _lock:
         known = _answers.get(key)
@@ -111,6 +121,21 @@ def host_config(host: str, config_file: str | None, files: list[tuple[Path, bool
             _answers.clear()
         _answers[key] = (answer, time.monotonic())
     return answer
+
+
+def _validate(ssh: str, found: Scan, host: str) -> None:
+    """Have OpenSSH read each file once per version (``ssh -G -F FILE``: it checks every line, in every block,
+    whichever host is asked), so a file it refuses stops clusterrun with its words."""
+    for path, mtime, size in found.version:
+        key = ("validated", path, mtime, size)
+        with _lock:
+            if key in _answers:
+                continue
+        done = _run([ssh, "-G", "-F", path, "--", "clusterrun-check"], path)
+        if done.returncode != 0:
+            raise _refused(host, done.stderr, f"ssh -G -F {path}")
+        with _lock:
+            _answers[key] = (HostConfig(), time.monotonic())
 
 
 def _run(argv: Sequence[str], what: str) -> subprocess.CompletedProcess[str]:
@@ -158,7 +183,7 @@ _REFUSED_LINE = re.compile(r"^(?P<path>.+?):? line (?P<line>\d+): (?P<what>.*)$"
 _BAD_OPTION = re.compile(r"Bad configuration option: (\S+)")
 
 
-def _refused(host: str, stderr: str) -> UsageError:
+def _refused(host: str, stderr: str, command: str = "") -> UsageError:
     """OpenSSH's refusal of a config, its ``path line N:`` as ``path:N:``, a near keyword suggested."""
     said = []
     for line in stderr.splitlines():
@@ -176,7 +201,7 @@ def _refused(host: str, stderr: str) -> UsageError:
                 " (an option of another SSH client can be named in an IgnoreUnknown line before it)")
         said.append(line)
     reason = "; ".join(said) or "no reason given"
-    return UsageError(f"{host}: OpenSSH refuses this ssh_config (`ssh -G {host}`): {reason}")
+    return UsageError(f"{host}: OpenSSH refuses this ssh_config (`{command or f'ssh -G {host}'}`): {reason}")
 
 
 def _ssh_g(ssh: str, host: str, config_file: str | None, user: str | None, port: int | None,

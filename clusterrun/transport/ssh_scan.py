@@ -21,6 +21,8 @@ from clusterrun.transport.ssh_keywords import KEYWORDS
 from clusterrun.transport.ssh_words import Origin, split_words
 
 _MAX_DEPTH = 16
+#: Values ``ssh -G`` prints as written, tokens and all, which clusterrun then expands as it does for its reader.
+_RAW = frozenset({"proxycommand", "identityfile"})
 
 
 def ssh_home() -> str:
@@ -54,6 +56,28 @@ class Scan:
         if not self.complete:
             return True
         return any(keyword in keywords or keyword not in KEYWORDS for _, keyword, _ in self.lines)
+
+    def plain(self, used: frozenset[str], tilde: bool) -> bool:
+        """Whether clusterrun's reader gives what ``ssh -G`` gives for every host of these files, once OpenSSH
+        has accepted each file: ``Host`` blocks only (no ``Match``: no exec, final or user criteria), every
+        keyword one OpenSSH knows, no ``%`` token or ``${VAR}`` in a value clusterrun uses (but for ProxyCommand
+        and IdentityFile, which ``ssh -G`` prints unexpanded as clusterrun's reader keeps them), nor ``~`` unless
+        ``tilde`` (``ssh`` takes ``~`` from the password database: ``$HOME`` must agree), no upper case in a HostName (``ssh`` lowers it), and no ``none``
+        ProxyJump or ProxyCommand (how OpenSSH 9.2 lets a later one apply after it differs from later
+        releases). Each of these is checked against ``ssh -G`` in tests/test_ssh_resolve.py."""
+        if not self.complete:
+            return False
+        marks = ("%", "${") if tilde else ("%", "${", "~")
+        for _, keyword, rest in self.lines:
+            if keyword == "match" or keyword not in KEYWORDS:
+                return False
+            if keyword in used and keyword not in _RAW and any(mark in rest for mark in marks):
+                return False
+            if keyword == "hostname" and rest != rest.lower():
+                return False
+            if keyword in ("proxyjump", "proxycommand") and rest.strip().lower().strip("\"'") == "none":
+                return False
+        return True
 
     def locate(self, keyword: str, value: str) -> Origin | None:
         """The first line that sets ``keyword`` to ``value`` (as written, or as its words), if any."""
