@@ -44,7 +44,7 @@ from benchlib import med, save_results  # noqa: E402
 from simcluster import SimCluster  # noqa: E402
 
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings  # noqa: E402
-from clusterrun.transport import ssh_resolve  # noqa: E402
+from clusterrun.transport import ssh_resolve, ssh_scan  # noqa: E402
 from clusterrun.transport.ssh import SshTransport  # noqa: E402
 from clusterrun.transport.ssh_target import resolve_target  # noqa: E402
 
@@ -87,6 +87,8 @@ def resolve_all(cluster: SimCluster, names: list[str], reader: str) -> dict:
     with ssh_resolve._lock:  # a cold start, as a new clusterrun process has
         ssh_resolve._answers.clear()
         ssh_resolve._baseline.clear()
+    with ssh_scan._scans_lock:
+        ssh_scan._scans.clear()
     s = settings(cluster)
     with Measure() as m, ThreadPoolExecutor(max_workers=len(names)) as pool:
         targets = list(pool.map(lambda name: resolve_target(name, s), names))

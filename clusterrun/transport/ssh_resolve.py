@@ -42,7 +42,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from clusterrun.errors import UsageError
@@ -68,6 +68,7 @@ _BOOL = {"true": "yes", "false": "no"}  # ssh -G prints some yes/no options as t
 _slots = threading.BoundedSemaphore(MAX_PROCESSES)
 _answers: dict[tuple[object, ...], tuple[HostConfig, float]] = {}
 _baseline: dict[str, dict[str, list[str]]] = {}
+_key_locks: dict[object, threading.Lock] = {}
 _lock = threading.Lock()
 
 
@@ -110,17 +111,32 @@ def host_config(host: str, config_file: str | None, files: list[tuple[Path, bool
             _validate(ssh, found, host)
             return lookup_config(host, files, user=user)
     key = (config_file, host, user, port, jump_given, found.version)
-    with _lock:
-        known = _answers.get(key)
-        if known is not None and time.monotonic() - known[1] < REUSE_S:
-            return known[0]
-    answer = _to_host_config(host, user, port, _ssh_g(ssh, host, config_file, user, port, jump_given), _baseline_of(ssh),
-                             found, config_file)
-    with _lock:
-        if len(_answers) > 4096:
-            _answers.clear()
-        _answers[key] = (answer, time.monotonic())
+    with _first(key):
+        with _lock:
+            known = _answers.get(key)
+            if known is not None and time.monotonic() - known[1] < REUSE_S:
+                return known[0]
+        values = _ssh_g(ssh, host, config_file, user, port, jump_given)
+        answer = _to_host_config(host, user, port, values, _baseline_of(ssh), found)
+        with _lock:
+            if len(_answers) > 4096:
+                _answers.clear()
+            _answers[key] = (answer, time.monotonic())
     return answer
+
+
+@contextlib.contextmanager
+def _first(key: object) -> Iterator[None]:
+    """One thread at a time per key: the others wait for its answer (the shared jump host, the one check of a
+    file) instead of starting the same ssh -G. Bounded: the holder's ssh -G is."""
+    with _lock:
+        held = _key_locks.setdefault(key, threading.Lock())
+    got = held.acquire(timeout=SSH_G_TIMEOUT + 5.0)
+    try:
+        yield
+    finally:
+        if got:
+            held.release()
 
 
 def _validate(ssh: str, found: Scan, host: str) -> None:
@@ -128,14 +144,15 @@ def _validate(ssh: str, found: Scan, host: str) -> None:
     whichever host is asked), so a file it refuses stops clusterrun with its words."""
     for path, mtime, size in found.version:
         key = ("validated", path, mtime, size)
-        with _lock:
-            if key in _answers:
-                continue
-        done = _run([ssh, "-G", "-F", path, "--", "clusterrun-check"], path)
-        if done.returncode != 0:
-            raise _refused(host, done.stderr, f"ssh -G -F {path}")
-        with _lock:
-            _answers[key] = (HostConfig(), time.monotonic())
+        with _first(key):
+            with _lock:
+                if key in _answers:
+                    continue
+            done = _run([ssh, "-G", "-F", path, "--", "clusterrun-check"], path)
+            if done.returncode != 0:
+                raise _refused(host, done.stderr, f"ssh -G -F {path}")
+            with _lock:
+                _answers[key] = (HostConfig(), time.monotonic())
 
 
 def _run(argv: Sequence[str], what: str) -> subprocess.CompletedProcess[str]:
@@ -167,15 +184,16 @@ def _parse(out: str) -> dict[str, list[str]]:
 
 
 def _baseline_of(ssh: str) -> dict[str, list[str]]:
-    with _lock:
-        known = _baseline.get(ssh)
-    if known is None:
-        done = _run([ssh, "-G", "-F", "/dev/null", "--", "clusterrun-defaults"], "ssh -G with no config")
-        if done.returncode != 0:
-            raise UsageError(f"`{ssh} -G -F /dev/null` failed: {done.stderr.strip()}")
-        known = _parse(done.stdout)
+    with _first(("baseline", ssh)):
         with _lock:
-            _baseline[ssh] = known
+            known = _baseline.get(ssh)
+        if known is None:
+            done = _run([ssh, "-G", "-F", "/dev/null", "--", "clusterrun-defaults"], "ssh -G with no config")
+            if done.returncode != 0:
+                raise UsageError(f"`{ssh} -G -F /dev/null` failed: {done.stderr.strip()}")
+            known = _parse(done.stdout)
+            with _lock:
+                _baseline[ssh] = known
     return known
 
 
@@ -227,7 +245,7 @@ def _hops(value: str) -> object:
 
 
 def _to_host_config(host: str, user: str | None, port: int | None, values: dict[str, list[str]],
-                    baseline: dict[str, list[str]], found: Scan, config_file: str | None) -> HostConfig:
+                    baseline: dict[str, list[str]], found: Scan) -> HostConfig:
     """The values the config set: those ``ssh -G`` prints differently from ``ssh -G -F /dev/null``."""
     label = Origin(f"ssh_config as `ssh -G {host}` reads it", 0)
     config = HostConfig()

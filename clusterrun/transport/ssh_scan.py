@@ -11,8 +11,9 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterrun.errors import UsageError
@@ -41,7 +42,7 @@ def openssh_files(config_file: str | None) -> list[tuple[Path, bool]]:
     return [(path, system) for path, system in candidates if path.is_file()]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Scan:
     """Every line of the files and of every file they include, in reading order; ``complete`` is False when an
     Include could not be followed (a token or variable in its name) or a line could not be split."""
@@ -49,15 +50,36 @@ class Scan:
     lines: tuple[tuple[Origin, str, str], ...]  # where, keyword (lower case), the rest of the line
     complete: bool
     version: tuple[tuple[str, int, int], ...]  # each file read: path, mtime_ns, size (an answer's cache key)
+    globs: tuple[tuple[str, tuple[str, ...]], ...] = ()  # each Include's pattern and the files it found
+    _memo: dict[tuple[object, ...], bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def current(self) -> bool:
+        """Whether the files are still as scanned (same versions, every Include finding the same files)."""
+        for path, mtime, size in self.version:
+            try:
+                info = os.stat(path)
+            except OSError:
+                return False
+            if (info.st_mtime_ns, info.st_size) != (mtime, size):
+                return False
+        return all(tuple(sorted(glob.glob(pattern))) == found for pattern, found in self.globs)
 
     def sets_any(self, keywords: frozenset[str]) -> bool:
         """Whether the files might set one of ``keywords`` for some host, or hold something only OpenSSH can
         judge (a keyword it may not know, a line or Include this scan cannot follow)."""
-        if not self.complete:
-            return True
-        return any(keyword in keywords or keyword not in KEYWORDS for _, keyword, _ in self.lines)
+        key = ("sets_any", keywords)
+        if key not in self._memo:
+            self._memo[key] = not self.complete or any(
+                keyword in keywords or keyword not in KEYWORDS for _, keyword, _ in self.lines)
+        return self._memo[key]
 
     def plain(self, used: frozenset[str], tilde: bool) -> bool:
+        key = ("plain", used, tilde)
+        if key not in self._memo:
+            self._memo[key] = self._plain(used, tilde)
+        return self._memo[key]
+
+    def _plain(self, used: frozenset[str], tilde: bool) -> bool:
         """Whether clusterrun's reader gives what ``ssh -G`` gives for every host of these files, once OpenSSH
         has accepted each file: ``Host`` blocks only (no ``Match``: no exec, final or user criteria), every
         keyword one OpenSSH knows, no ``%`` token or ``${VAR}`` in a value clusterrun uses (but for ProxyCommand
@@ -98,16 +120,33 @@ class Scan:
         return None
 
 
+_scans: dict[tuple[tuple[Path, bool], ...], Scan] = {}
+_scans_lock = threading.Lock()
+
+
 def scan(files: list[tuple[Path, bool]]) -> Scan:
-    """The lines of ``files`` (see :class:`Scan`); never raises: what cannot be read makes the scan incomplete."""
+    """The lines of ``files`` (see :class:`Scan`); never raises: what cannot be read makes the scan incomplete.
+
+    Kept while the files stay as they were: every node of a launch asks about the same files."""
+    key = tuple(files)
+    with _scans_lock:
+        known = _scans.get(key)
+    if known is not None and known.current():
+        return known
     lines: list[tuple[Origin, str, str]] = []
     version: list[tuple[str, int, int]] = []
-    complete = _scan_into(lines, version, files, 0)
-    return Scan(tuple(lines), complete, tuple(version))
+    globs: list[tuple[str, tuple[str, ...]]] = []
+    complete = _scan_into(lines, version, globs, files, 0)
+    found = Scan(tuple(lines), complete, tuple(version), tuple(globs))
+    with _scans_lock:
+        if len(_scans) > 16:
+            _scans.clear()
+        _scans[key] = found
+    return found
 
 
 def _scan_into(lines: list[tuple[Origin, str, str]], version: list[tuple[str, int, int]],
-               files: list[tuple[Path, bool]], depth: int) -> bool:
+               globs: list[tuple[str, tuple[str, ...]]], files: list[tuple[Path, bool]], depth: int) -> bool:
     if depth > _MAX_DEPTH:
         return False
     complete = True
@@ -132,6 +171,8 @@ def _scan_into(lines: list[tuple[Origin, str, str]], version: list[tuple[str, in
                 name = name.replace("~", ssh_home(), 1) if name.startswith("~") else name
                 if not os.path.isabs(name):
                     name = os.path.join("/etc/ssh" if system else os.path.join(ssh_home(), ".ssh"), name)
-                included = [(Path(p), system) for p in sorted(glob.glob(name)) if os.path.isfile(p)]
-                complete = _scan_into(lines, version, included, depth + 1) and complete
+                matched = tuple(sorted(glob.glob(name)))
+                globs.append((name, matched))
+                included = [(Path(p), system) for p in matched if os.path.isfile(p)]
+                complete = _scan_into(lines, version, globs, included, depth + 1) and complete
     return complete
