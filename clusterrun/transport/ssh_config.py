@@ -1,5 +1,9 @@
 """ssh_config, read as OpenSSH reads it: the values that apply to one host, each with the file and line it came from.
 
+This is clusterrun's own reader: the one used where the ``ssh`` binary is absent, and for plain files once
+OpenSSH has checked them; elsewhere OpenSSH's ``ssh -G`` answers (:mod:`clusterrun.transport.ssh_resolve` says
+which when).
+
 ``~/.ssh/config`` (or the inventory's ``config_file``, which, like ``ssh -F``, replaces both files) is read
 first, then ``/etc/ssh/ssh_config``; for each keyword the first value that applies wins. ``Include`` is
 followed (relative names from ``~/.ssh``, or ``/etc/ssh`` in the system file; globs), ``Host`` and ``Match``

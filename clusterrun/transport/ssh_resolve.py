@@ -1,32 +1,39 @@
-"""ssh_config as OpenSSH itself reads it: ``ssh -G`` per target, wherever the ``ssh`` binary exists.
+"""ssh_config as OpenSSH itself reads it: ``ssh -G`` wherever the ``ssh`` binary exists.
 
-Which reader is used, and why:
+Which reader is used, and why (docs/ssh.md has the table and the measurements):
 
-- **OpenSSH's** (``ssh -G [-F FILE] [-l USER] [-p PORT] HOST``) wherever ``ssh`` is on PATH: then ``Match exec``,
-  ``Include``, every ``%`` token and every keyword behave exactly as they do for the user's own ``ssh``, including
-  what a newer or distribution-patched OpenSSH knows and clusterrun's reader does not. The inventory's user and
-  port are given as ``-l``/``-p``, as they act like ssh's command line (``Match user``, ``%r``, ``%p`` see them).
-  A file OpenSSH refuses stops clusterrun with OpenSSH's own words, its ``file line N`` turned into ``file:N``.
+- **OpenSSH's**, ``ssh -G [-F FILE] [-l USER] [-p PORT] HOST`` per distinct target, wherever ``ssh`` is on PATH:
+  ``Match exec``, ``Include``, every ``%`` token and every keyword behave exactly as for the user's own ``ssh``,
+  including what a newer or distribution-patched OpenSSH knows and clusterrun's reader does not. The
+  inventory's user and port are ``-l``/``-p``, as they act like ssh's command line (``Match user``, ``%r``,
+  ``%p`` see them); a jump host decided outside ssh_config is ``-o ProxyJump=none``, as ``ssh -J`` is. A file
+  OpenSSH refuses stops clusterrun with OpenSSH's own words, its ``file line N`` turned into ``file:N``.
+- **Plain files, checked by OpenSSH and read by clusterrun's reader**: where every file is in the subset
+  :meth:`Scan.plain <clusterrun.transport.ssh_scan.Scan.plain>` describes (``Host`` blocks, no ``Match``, no
+  tokens where ``ssh -G`` expands them, ...), the answers are the same (tests/test_ssh_resolve.py compares
+  them), so OpenSSH reads each file once (``ssh -G -F FILE``: it checks every line of every block) and
+  clusterrun's reader answers per node. One ``ssh -G`` costs ~7 ms of CPU, half a paramiko connection: per
+  node it would add half again to a launch's CPU per added node.
+- **Nothing** where no file could set a keyword clusterrun uses (no ``~/.ssh/config``, a system file with only
+  ``SendEnv`` and the like): both readers would answer "nothing set"; no process is started.
 - **clusterrun's reader** (:mod:`clusterrun.transport.ssh_config`, as strict as OpenSSH 9.2) where ``ssh`` is
-  absent (a container image with paramiko but no OpenSSH client).
-- ``CLUSTERRUN_SSH_CONFIG_READER=openssh`` or ``=builtin`` forces one (tests run each case under both).
+  absent (a container image with Python but no OpenSSH client).
+- ``CLUSTERRUN_SSH_CONFIG_READER=openssh`` runs ``ssh -G`` per target always; ``=builtin`` uses clusterrun's
+  reader alone (tests run each case both ways).
 
 What the config *set*: ``ssh -G`` prints every option, defaults included, and clusterrun must keep its own
 defaults (accept-new host keys, a 10 s connect timeout, the identity files paramiko finds) where the user
 configured nothing. So each answer is compared with ``ssh -G -F /dev/null`` (nothing configured: OpenSSH's
 defaults, run once per process): a value that differs was set by the config; ``hostname``, ``user`` and
 ``port`` are compared with the target itself. A value set to exactly OpenSSH's default reads as unset, which
-changes nothing clusterrun does except where its default differs from OpenSSH's: ``StrictHostKeyChecking ask``
-(clusterrun has no one to ask and keeps accept-new, as its reader does) and ``ConnectTimeout none``.
-``ssh -G`` prints no origins; the file and line of a value (for messages) are found by
-:mod:`clusterrun.transport.ssh_scan`, or the value is said to come from ``ssh -G``.
+changes nothing clusterrun does except for ``StrictHostKeyChecking ask``: clusterrun has no one to ask and
+keeps accept-new, as its reader does. ``ssh -G`` prints no origins; the file and line of a value (for
+messages) are found by :mod:`clusterrun.transport.ssh_scan`, else the value is said to come from ``ssh -G``.
 
-Cost, bounded: one process per distinct (config file, host, user, port), at most :data:`MAX_PROCESSES` at a
-time, each killed (with what it started, such as a ``Match exec`` command) after :data:`SSH_G_TIMEOUT`; answers
-are kept for :data:`REUSE_S`, so the jump host every node shares, a restart or ``down`` after ``up`` ask once.
-None at all where no file could set anything clusterrun uses (no ``~/.ssh/config``, a system file with only
-keywords such as ``SendEnv``): then both readers answer "nothing set", and no process is started. The cost is
-measured by ``bench/ssh_transport.py`` (docs/ssh.md quotes it).
+Bounds: at most :data:`MAX_PROCESSES` ``ssh -G`` at a time, each killed with what it started (a ``Match exec``
+command) after :data:`SSH_G_TIMEOUT`; one process per key however many nodes ask at once; answers kept for
+:data:`REUSE_S` per version of the files, so the jump host every node shares is asked once. Resolution runs in
+each node's connecting thread, overlapped with the other nodes' handshakes.
 
 Why not ``paramiko.SSHConfig``: see :mod:`clusterrun.transport.ssh_config`.
 """
