@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from simcluster import SimCluster
+from simjobs import CONNECT_TIMEOUT
 
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
@@ -199,3 +201,24 @@ def test_forcing_openssh_without_ssh_on_path_is_a_usage_error(home: Path, monkey
         ssh_resolve.ssh_binary()
     monkeypatch.setenv(ssh_resolve.READER_ENV, "builtin")
     assert ssh_resolve.ssh_binary() is None
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("reader", ["openssh", "builtin"])
+def test_proxyjump_proxycommand_and_include_reach_the_simulated_nodes_under_either_reader(
+        sim_cluster: SimCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str) -> None:
+    """``openssh``: ``ssh -G`` for every target (jump hosts included), as for a config outside the plain subset."""
+    monkeypatch.setenv(ssh_resolve.READER_ENV, reader)
+    n0, n1, n2 = sim_cluster.nodes[:3]
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host via-jump\n    HostName {n1.mgmt_ip}\n    User root\n    ProxyJump node0\n"
+                      f"    IdentityFile {sim_cluster.identity_file}\n"
+                      f"Host via-command\n    HostName {n2.mgmt_ip}\n    User root\n"
+                      f"    IdentityFile {sim_cluster.identity_file}\n"
+                      f"    ProxyCommand ssh -F {sim_cluster.ssh_config} -W %h:%p node0\n"
+                      f"Host *\n    Include {sim_cluster.ssh_config}\n")
+    settings = SshSettings(config_file=str(config), known_hosts=str(sim_cluster.known_hosts),
+                           host_key_policy=HostKeyPolicy.strict, connect_timeout=CONNECT_TIMEOUT)
+    for alias, node in (("via-jump", n1), ("via-command", n2)):
+        with SshTransport(node.name, alias, settings) as t:
+            assert t.run(["sh", "-c", "hostname; echo $SSH_CONNECTION"]).stdout.split()[:2] == [node.name, n0.mgmt_ip]
