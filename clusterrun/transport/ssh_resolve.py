@@ -63,6 +63,7 @@ READER_ENV = "CLUSTERRUN_SSH_CONFIG_READER"
 MAX_PROCESSES = 8  # ssh -G at once: each is ~6 ms of CPU, more at once only queues on the cores
 SSH_G_TIMEOUT = MATCH_EXEC_TIMEOUT + 5.0  # its Match exec commands bounded as clusterrun's reader bounds them
 REUSE_S = 60.0
+_QUEUE_TIMEOUT = 4 * SSH_G_TIMEOUT  # a slot frees within SSH_G_TIMEOUT unless every holder hangs to its end
 #: The keywords clusterrun reads from ssh_config: where none is set in any file, ssh -G is not needed.
 USED = frozenset({"hostname", "port", "user", "identityfile", "proxycommand", "proxyjump", "userknownhostsfile",
                   "globalknownhostsfile", "stricthostkeychecking", "connecttimeout", "hostkeyalias",
@@ -164,7 +165,10 @@ def _validate(ssh: str, found: Scan, host: str) -> None:
 
 def _run(argv: Sequence[str], what: str) -> subprocess.CompletedProcess[str]:
     """Run one ``ssh -G``, at most MAX_PROCESSES at once; on timeout its whole session is killed."""
-    with _slots:
+    if not _slots.acquire(timeout=_QUEUE_TIMEOUT):
+        raise UsageError(f"{what}: no ssh -G could start within {_QUEUE_TIMEOUT:g}s: the ssh -G before it each ran "
+                         "to its timeout (a Match exec command that does not return?)")
+    try:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, start_new_session=True)
@@ -175,9 +179,12 @@ def _run(argv: Sequence[str], what: str) -> subprocess.CompletedProcess[str]:
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=5.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a command that left the session keeps a pipe
+                proc.communicate(timeout=5.0)
             raise UsageError(f"{what}: `{' '.join(argv)}` did not answer within {SSH_G_TIMEOUT:g}s (a Match exec "
                              "command that does not return?); make that command answer quickly") from None
+    finally:
+        _slots.release()
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
