@@ -202,7 +202,7 @@ class _Lookup:
                          "before it")
 
     def read(self, path: Path, *, system: bool, active: bool, never_match: bool, depth: int) -> None:
-        for origin, keyword, rest, patterns in _config_lines(path):
+        for origin, keyword, rest, patterns in config_lines(path):
             if not self.known(keyword, origin):
                 continue
             if keyword == "host":
@@ -256,7 +256,7 @@ _parsed: dict[tuple[str, int, int], list[_ConfigLine]] = {}
 _parsed_lock = threading.Lock()
 
 
-def _config_lines(path: Path) -> list[_ConfigLine]:
+def config_lines(path: Path) -> list[_ConfigLine]:
     """The lines of one ssh_config file that say something, split once per version of the file: every node of
     a large inventory looks itself up in the same files, and each lookup walks every Host line."""
     try:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import os
 import re
 import shutil
@@ -251,11 +252,12 @@ def _ssh_g(ssh: str, host: str, config_file: str | None, user: str | None, port:
     return _parse(done.stdout)
 
 
-def _hops(value: str) -> object:
+def _same_hops(hops: object, value: str) -> bool:
+    """Whether a ProxyJump value as written names ``hops`` (``ssh -G`` prints them as user@host:port)."""
     try:
-        return parse_jump_spec(value)
+        return parse_jump_spec(value) == hops
     except UsageError:
-        return None
+        return False
 
 
 def _to_host_config(host: str, user: str | None, port: int | None, values: dict[str, list[str]],
@@ -284,7 +286,7 @@ def _to_host_config(host: str, user: str | None, port: int | None, values: dict[
         elif keyword == "proxyjump" and config.proxy is None:
             # ssh -G prints the hops as user@host:port: the line is the one naming the same hops.
             hops = parse_jump_spec(said[0])
-            where = found.locate_where(keyword, lambda v, hops=hops: _hops(v) == hops)  # type: ignore[misc]
+            where = found.locate_where(keyword, functools.partial(_same_hops, hops))
             config.proxy = Proxy("jump", said[0], where or label)
         else:
             value = " ".join(said) if keyword in _MULTI else said[0]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterrun.errors import UsageError
-from clusterrun.transport.ssh_config import SYSTEM_CONFIG, _config_lines
+from clusterrun.transport.ssh_config import SYSTEM_CONFIG, config_lines
 from clusterrun.transport.ssh_keywords import KEYWORDS
 from clusterrun.transport.ssh_words import Origin, split_words
 
@@ -154,7 +154,7 @@ def _scan_into(lines: list[tuple[Origin, str, str]], version: list[tuple[str, in
         try:
             info = path.stat()
             version.append((str(path), info.st_mtime_ns, info.st_size))
-            found = _config_lines(path)
+            found = config_lines(path)
         except (OSError, UsageError):
             return False
         for origin, keyword, rest, _ in found:
