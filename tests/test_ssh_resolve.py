@@ -129,6 +129,18 @@ def test_no_ssh_dash_g_where_no_file_sets_what_clusterrun_uses(home: Path, ssh_c
         resolve_target("gpu1", SshSettings(config_file=str(config)))
 
 
+@pytest.mark.parametrize("text", ["Match host gpu*\n    Port 2200\n", "Host gpu*\n    HostName %h.lan\n",
+                                  "Host gpu*\n    HostName GPU.lan\n", "Host gpu*\n    ProxyJump none\n",
+                                  "CanonicalizeHostname yes\nHost gpu*\n    Port 2200\n"])
+def test_outside_the_plain_subset_ssh_dash_g_answers_for_each_node(home: Path, ssh_calls: Path, text: str) -> None:
+    config = home / "cfg"
+    config.write_text(text)
+    resolve_target("gpu1", SshSettings(config_file=str(config)))
+    resolve_target("gpu2", SshSettings(config_file=str(config)))
+    assert (len(calls(ssh_calls, "gpu1")), len(calls(ssh_calls, "gpu2")), calls(ssh_calls, "clusterrun-check")) == (
+        1, 1, [])
+
+
 @pytest.mark.parametrize(("text", "said"), [
     ("Host 10.0.0.5\n    Port 22\n    Compression maybe\n", 'unsupported option "maybe"'),
     ("Match host 10.*\n    Port 22\n    HostNmae 10.0.0.6\n",

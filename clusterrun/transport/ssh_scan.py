@@ -84,9 +84,10 @@ class Scan:
         has accepted each file: ``Host`` blocks only (no ``Match``: no exec, final or user criteria), every
         keyword one OpenSSH knows, no ``%`` token or ``${VAR}`` in a value clusterrun uses (but for ProxyCommand
         and IdentityFile, which ``ssh -G`` prints unexpanded as clusterrun's reader keeps them), nor ``~`` unless
-        ``tilde`` (``ssh`` takes ``~`` from the password database: ``$HOME`` must agree), no upper case in a HostName (``ssh`` lowers it), and no ``none``
-        ProxyJump or ProxyCommand (how OpenSSH 9.2 lets a later one apply after it differs from later
-        releases). Each of these is checked against ``ssh -G`` in tests/test_ssh_resolve.py."""
+        ``tilde`` (``ssh`` takes ``~`` from the password database: ``$HOME`` must agree), no upper case in a
+        HostName (``ssh`` lowers it), no ``CanonicalizeHostname`` (OpenSSH reads the files again for the new
+        name), and no ``none`` ProxyJump or ProxyCommand (how OpenSSH 9.2 lets a later one apply after it
+        differs from later releases). Checked against ``ssh -G`` in tests/test_ssh_resolve.py."""
         if not self.complete:
             return False
         marks = ("%", "${") if tilde else ("%", "${", "~")
@@ -96,6 +97,8 @@ class Scan:
             if keyword in used and keyword not in _RAW and any(mark in rest for mark in marks):
                 return False
             if keyword == "hostname" and rest != rest.lower():
+                return False
+            if keyword == "canonicalizehostname" and rest.strip().lower() not in ("no", "false"):
                 return False
             if keyword in ("proxyjump", "proxycommand") and rest.strip().lower().strip("\"'") == "none":
                 return False
