@@ -6,6 +6,11 @@ Where the connection goes (ssh_config, ProxyJump hops, a ProxyCommand) is decide
 a started command's output is read by :mod:`clusterrun.transport.ssh_stream`. Commands run through the login
 shell as one command line (``cd DIR && env K=V argv...``), so nothing depends on sshd's ``AcceptEnv``.
 
+paramiko rather than OpenSSH's client with ControlMaster: measured by bench/ssh_transport.py (docs/ssh.md),
+a first launch through ``ssh`` costs 2.3-2.8x the CPU and 1.9-3.2x the time, and even a repeat launch through
+live masters is no faster and costs more CPU per node, per command (a new ``ssh`` process each, against a
+channel on the open connection here).
+
 Every wait is bounded: ``connect_timeout`` bounds the TCP connect, the handshake, authentication,
 opening each channel and the node's answer to each exec or sftp request; a command by its own
 timeout. paramiko's exceptions become :class:`~clusterrun.errors.TransportError` subclasses that
@@ -28,7 +33,7 @@ from typing import Any
 
 import paramiko
 
-from clusterrun.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError
+from clusterrun.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError, UsageError
 from clusterrun.inventory.models import SshSettings
 from clusterrun.transport.base import DEFAULT_COMMAND_TIMEOUT, CommandResult, Stream, Transport, shell_command
 from clusterrun.transport.known_hosts import HostKeyCheck, KnownHosts, prefer_key_types
@@ -145,7 +150,12 @@ class SshTransport(Transport):
     @property
     def target(self) -> SshTarget:
         if self._target is None:
-            self._target = resolve_target(self.host, self.settings)
+            try:
+                self._target = resolve_target(self.host, self.settings)
+            except UsageError as exc:
+                if str(exc).startswith(f"{self.node}:"):
+                    raise
+                raise UsageError(f"{self.node}: {exc}") from None  # which node's ssh_config lookup failed
         return self._target
 
     # ------------------------------------------------------------ connection

@@ -1,5 +1,9 @@
 """ssh_config, read as OpenSSH reads it: the values that apply to one host, each with the file and line it came from.
 
+This is clusterrun's own reader: the one used where the ``ssh`` binary is absent, and for plain files once
+OpenSSH has checked them; elsewhere OpenSSH's ``ssh -G`` answers (:mod:`clusterrun.transport.ssh_resolve` says
+which when).
+
 ``~/.ssh/config`` (or the inventory's ``config_file``, which, like ``ssh -F``, replaces both files) is read
 first, then ``/etc/ssh/ssh_config``; for each keyword the first value that applies wins. ``Include`` is
 followed (relative names from ``~/.ssh``, or ``/etc/ssh`` in the system file; globs), ``Host`` and ``Match``
@@ -198,11 +202,11 @@ class _Lookup:
                          "before it")
 
     def read(self, path: Path, *, system: bool, active: bool, never_match: bool, depth: int) -> None:
-        for origin, keyword, rest, patterns in _config_lines(path):
+        for origin, keyword, rest, patterns in config_lines(path):
             if not self.known(keyword, origin):
                 continue
             if keyword == "host":
-                active = not never_match and matches_pattern_list(patterns, self.host)
+                active = not never_match and matches_pattern_list(patterns, self.host, case_sensitive=True)
             elif keyword == "match":
                 matched = self.match(rest, origin)
                 active = not never_match and matched
@@ -252,7 +256,7 @@ _parsed: dict[tuple[str, int, int], list[_ConfigLine]] = {}
 _parsed_lock = threading.Lock()
 
 
-def _config_lines(path: Path) -> list[_ConfigLine]:
+def config_lines(path: Path) -> list[_ConfigLine]:
     """The lines of one ssh_config file that say something, split once per version of the file: every node of
     a large inventory looks itself up in the same files, and each lookup walks every Host line."""
     try:

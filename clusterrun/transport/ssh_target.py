@@ -1,6 +1,7 @@
 """Where an SSH connection goes: the inventory's settings over ssh_config over OpenSSH's defaults.
 
-ssh_config is read by :mod:`clusterrun.transport.ssh_config` and ProxyJump values by
+ssh_config is read by OpenSSH's ``ssh -G`` (:mod:`clusterrun.transport.ssh_resolve`), or where ``ssh`` is
+absent by :mod:`clusterrun.transport.ssh_config`; ProxyJump values by
 :mod:`clusterrun.transport.jump_spec`; this module turns what they found into a :class:`SshTarget`.
 The inventory's ``user``, ``port`` and ``jump_host`` act like ``ssh``'s command line: they win, and ``%r``
 and ``%p`` in ``ProxyCommand`` or ``ProxyJump`` expand to them.
@@ -16,7 +17,8 @@ from pathlib import Path
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
 from clusterrun.transport.jump_spec import parse_jump_spec
-from clusterrun.transport.ssh_config import HostConfig, config_files, lookup_config
+from clusterrun.transport.ssh_config import HostConfig, config_files
+from clusterrun.transport.ssh_resolve import host_config
 from clusterrun.transport.ssh_words import expand_path, expand_tokens, local_user, parse_port, session_tokens
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -62,7 +64,8 @@ def _policy(settings: SshSettings, found: HostConfig) -> HostKeyPolicy:
     if settings.host_key_policy is not None:
         return settings.host_key_policy
     strict = (found.get("stricthostkeychecking") or "accept-new").lower()
-    return {"yes": HostKeyPolicy.strict, "no": HostKeyPolicy.off, "off": HostKeyPolicy.off}.get(
+    return {"yes": HostKeyPolicy.strict, "true": HostKeyPolicy.strict, "no": HostKeyPolicy.off,
+            "false": HostKeyPolicy.off, "off": HostKeyPolicy.off}.get(
         strict, HostKeyPolicy.accept_new)
 
 
@@ -80,7 +83,7 @@ def _resolve(host: str, settings: SshSettings, files: list[tuple[Path, bool]], *
              port: int | None, identity_file: str | None, jump_spec: str | None, depth: int) -> SshTarget:
     if depth > MAX_JUMP_DEPTH:
         raise UsageError(f"{host}: ProxyJump chain longer than {MAX_JUMP_DEPTH} hops (a loop in ssh_config?)")
-    found = lookup_config(host, files, user=user)
+    found = host_config(host, settings.config_file, files, user=user, port=port, jump_given=jump_spec is not None)
     hostname = expand_tokens(found.get("hostname") or "%h", {"h": host}, found.origin("hostname") or host)
     if port is None and found.get("port"):
         port = parse_port(found.words("port")[0], "Port", found.origin("port") or host)

@@ -36,7 +36,7 @@ class Origin:
     line: int
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}"
+        return f"{self.path}:{self.line}" if self.line else self.path  # line 0: known only as a whole
 
 
 def split_words(text: str, origin: Origin) -> list[str]:
@@ -66,23 +66,28 @@ def split_words(text: str, origin: Origin) -> list[str]:
 
 @functools.lru_cache(maxsize=4096)
 def _pattern(pattern: str) -> re.Pattern[str]:
-    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower()),
-                      re.DOTALL)
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern), re.DOTALL)
 
 
-def _pattern_matches(pattern: str, text: str) -> bool:
-    """OpenSSH's wildcard match: ``*`` and ``?`` only (``[`` is an ordinary character), case-insensitive."""
-    return _pattern(pattern).fullmatch(text.lower()) is not None
+def _pattern_matches(pattern: str, text: str, case_sensitive: bool) -> bool:
+    """OpenSSH's wildcard match: ``*`` and ``?`` only (``[`` is an ordinary character)."""
+    if not case_sensitive:
+        pattern, text = pattern.lower(), text.lower()
+    return _pattern(pattern).fullmatch(text) is not None
 
 
-def matches_pattern_list(patterns: list[str], text: str) -> bool:
-    """True when ``text`` matches one of ``patterns`` and none of the negated (``!``) ones."""
+def matches_pattern_list(patterns: list[str], text: str, *, case_sensitive: bool = False) -> bool:
+    """True when ``text`` matches one of ``patterns`` and none of the negated (``!``) ones.
+
+    OpenSSH compares host names case-insensitively (``Match host``, known_hosts), but a ``Host`` line's patterns
+    with the name exactly as given (``Host gpu*`` does not apply to ``ssh GPU1``): ``case_sensitive`` for those.
+    """
     hit = False
     for pattern in patterns:
         if pattern.startswith("!"):
-            if _pattern_matches(pattern[1:], text):
+            if _pattern_matches(pattern[1:], text, case_sensitive):
                 return False
-        elif _pattern_matches(pattern, text):
+        elif _pattern_matches(pattern, text, case_sensitive):
             hit = True
     return hit
 
