@@ -27,6 +27,7 @@ from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, build_plan
 from clusterrun.runs import NodeRecord, RunDir, RunRecord, RunState, new_run_id, read_record, write_record
 from clusterrun.runs.record import AttemptRecord, tag_events
+from clusterrun.runs.timeline import Timeline, slow_phases
 from clusterrun.transport.base import Transport
 from clusterrun.transport.factory import transport_for
 
@@ -174,16 +175,21 @@ class _Run:
         self.spares = [n.name for n in inv.nodes if n.spare]
         self.attempts: list[Attempt] = []
         self.events: tuple[dict[str, object], ...] = ()  # of every attempt that ended, in order
+        self.timeline = Timeline()  # the current attempt's launch, node by node
 
     def first(self, plan: LaunchPlan, detach: bool) -> tuple[RunOutcome | None, RunDir]:
         try:
             plan, ready, attempt = self._prepare(plan, Attempt(0, [n.name for n in plan.nodes]))
             if detach:
+                go = time.time()
                 launched = start_detached(plan, _links(ready), {name: r.stage for name, r in ready.items()},
                                           self.settings.grace)
+                for name, at in launched.items():
+                    self.timeline.begin(name, "go", go)
+                    self.timeline.end(name, "go", self.timeline.on_our_clock(name, at))
                 self._write(read_record(self.run_dir).replace(
                     state=RunState.detached, started=time.time(), pid=None, detached=True,
-                    nodes={n: NodeRecord(launched=t) for n, t in launched.items()}))
+                    nodes={n: NodeRecord(launched=t, timeline=self.timeline.of(n)) for n, t in launched.items()}))
                 return None, self.run_dir
             self.notifier.send("start", f"clusterrun: run {plan.run_id} started on {plan.nnodes} node(s), "
                                         f"{plan.world_size} rank(s)", run_id=plan.run_id, state="running",
@@ -219,8 +225,9 @@ class _Run:
             self._open(plan)
             if any(n.transport is not TransportKind.local for n in plan.nodes):
                 self.console.info(f"checking {plan.nnodes} node(s)...")
+            self.timeline = Timeline()
             try:
-                ready = check_ready(plan, self.transports)
+                ready = check_ready(plan, self.transports, self.timeline)
             except StartError as exc:
                 failed = {n: why for n, why in exc.problems.items() if n in attempt.nodes}
                 if not failed or len(failed) < len(exc.problems) or not (self.restarts.may_drop or self.spares):
@@ -234,8 +241,10 @@ class _Run:
                     self.console.info(f"from the node: {line}")
                 for warning in plan.warnings:
                     self.console.info(f"warning: {warning}")
+                began = time.time()
                 check_paths(inv, plan, self.transports, _links(ready), self.run_dir, self.console,
                             self.preflight_mode, self.full_check)
+                self.timeline.span(ready, "pathcheck", began, time.time(), mode=self.preflight_mode)
             except BaseException:
                 drop(ready)  # every agent waits for a job that will not come
                 raise
@@ -260,7 +269,8 @@ class _Run:
 
     def _run(self, plan: LaunchPlan, ready: Mapping[str, NodeReady], attempt: Attempt) -> RunOutcome:
         supervisor = Supervisor(plan, _links(ready), self.run_dir, self.console, self.settings,
-                                stage={name: r.stage for name, r in ready.items()}, notifier=self.notifier)
+                                stage={name: r.stage for name, r in ready.items()}, notifier=self.notifier,
+                                timeline=self.timeline)
         attempt.started = supervisor.outcome.started
         self.attempts.append(attempt)
         # The record of the whole run so far: the earlier attempts and their events (the supervisor adds this
@@ -270,6 +280,8 @@ class _Run:
         self.console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
                           f"logs in {self.run_dir.path}/" + (f" (attempt {attempt.number})" if attempt.number else ""))
         outcome = supervisor.run()
+        for slow in slow_phases({name: node.timeline for name, node in outcome.nodes.items()}):
+            outcome.notes.append(f"slow launch: {slow}")
         complete_logs(plan, self.transports, self.run_dir, outcome, supervisor.relay, self.console,
                       grace=self.settings.grace, heartbeat_timeout=self.settings.heartbeat_timeout)
         attempt.ended, attempt.state, attempt.exit_code = outcome.ended, outcome.state.value, outcome.exit_code
