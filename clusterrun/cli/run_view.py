@@ -114,7 +114,9 @@ def live_view(record: RunRecord, nodes: Sequence[tuple[str, int]], now: float | 
         if node is not None and node.ended is not None:
             running = f"0/{ranks}"
         path = live.path if live is not None and live.path else "-"
-        table.add_row(name, _phase(node, record.state), running, _age(now, live.last_output if live else None),
+        # Its age when the supervisor last wrote (every few seconds): the output may be newer, never older.
+        seen = _age(live.updated or now, live.last_output) if live is not None else "-"
+        table.add_row(name, _phase(node, record.state), running, seen,
                       _cpu(live.cpu if live else {}), Text(path, style="bold" if path.startswith("lost") else ""))
     parts: list[Any] = [head, table]
     if record.events:
