@@ -28,11 +28,11 @@ def _seconds(value: float | None) -> str:
     return f"{value:.2f}s" if value < 10 else f"{value:.0f}s"
 
 
-def _cell(span: PhaseSpan | None) -> str:
+def _cell(span: PhaseSpan | None, going: bool) -> str:
     if span is None or span.start is None:
         return "-"
     if span.end is None:
-        return "..."
+        return "..." if going else "-"
     copied = span.detail.get("bytes")
     return _seconds(span.seconds) + (f" {size(copied)}" if isinstance(copied, (int, float)) and copied else "")
 
@@ -55,7 +55,8 @@ def timeline_table(record: RunRecord) -> Table | None:
     for name, timeline in timed.items():
         go, first = timeline.get("go"), timeline.get("first_line")
         running = go.end if go is not None else None
-        table.add_row(name, *(_cell(timeline.get(p)) for p in PHASES),
+        going = record.state in (RunState.starting, RunState.running) and record.nodes[name].ended is None
+        table.add_row(name, *(_cell(timeline.get(p), going) for p in PHASES),
                       _seconds(running - origin) if running is not None else "-",
                       _seconds(first.end - origin) if first is not None and first.end is not None else "-")
     return table

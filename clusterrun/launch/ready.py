@@ -28,6 +28,7 @@ from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import protocol, session
 from clusterrun.runs.timeline import Timeline
 from clusterrun.transport.base import Transport
+from clusterrun.transport.early import EarlyConnections
 from clusterrun.transport.fanout import on_every_node
 
 #: Content-addressed copies of staged files on each node (by sha256).
@@ -114,13 +115,18 @@ def _no_python(link: AgentLink) -> bool:
 
 
 def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile],
-         timeline: Timeline) -> AgentLink:
+         timeline: Timeline, early: EarlyConnections | None) -> AgentLink:
     """Start the node's agent and send it the check (the answer is waited for later, with every node's)."""
     spec = check_spec(node.run_dir, cache=REMOTE_CACHE, hashes=[f.digest for f in staged],
                       port=plan.master_port if node.node_rank == 0 else None)
-    timeline.begin(node.name, "connect")
-    transport.connect()
-    timeline.begin(node.name, "agent", timeline.end(node.name, "connect"))
+    if early is not None and early.has(node.name):  # connecting since `up` had the plan
+        began, connected = early.wait(node.name, PREFLIGHT_TIMEOUT)
+        timeline.begin(node.name, "connect", began)
+    else:
+        timeline.begin(node.name, "connect")
+        transport.connect()
+        connected = time.time()
+    timeline.begin(node.name, "agent", timeline.end(node.name, "connect", connected))
     link = open_link(transport, node)
     link.check(spec)  # a closed stream shows as the end, when the answer is read
     return link
@@ -169,11 +175,11 @@ def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], mis
     return ready
 
 
-def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport],
-                timeline: Timeline | None = None) -> dict[str, NodeReady]:
+def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport], timeline: Timeline | None = None,
+                early: EarlyConnections | None = None) -> dict[str, NodeReady]:
     """Start every node's agent, check and stage every node. Raises :class:`StartError` naming every node that
     failed (after dropping every agent: nothing waits on a node for a job that will not come). Each step's time
-    goes to ``timeline`` (connect, agent, ready, staging).
+    goes to ``timeline`` (connect, agent, ready, staging); the connections of ``early`` are already under way.
 
     Three steps, so that no thread waits on a node's answer: connect and start the agents (in parallel), read
     the answers as they come (each node's agent has its own reader), copy what is missing (in parallel)."""
@@ -181,7 +187,7 @@ def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport],
     staged = {node.name: files_to_stage(plan, node) for node in plan.nodes}
     nodes = {node.name: node for node in plan.nodes}
     links, problems = on_every_node(plan.nodes, lambda n: n.name,
-                                    lambda n: _ask(plan, n, transports[n.name], staged[n.name], timeline), "preflight")
+                                    lambda n: _ask(plan, n, transports[n.name], staged[n.name], timeline, early), "preflight")
     deadline = time.monotonic() + PREFLIGHT_TIMEOUT
     ready: dict[str, NodeReady] = {}
     missing: dict[str, set[str]] = {}
