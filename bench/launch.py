@@ -68,6 +68,7 @@ REPORT_PY = """\
 import os, sys
 with open(sys.argv[1], "a") as f:
     f.write(f"{os.uname().nodename} {os.environ.get('RANK')}\\n")
+print("rank", os.environ.get("RANK"), "runs", flush=True)  # the timeline's first_line
 """
 
 FAIL_PY = """\
@@ -192,6 +193,26 @@ def watch(p: subprocess.Popen, started: Path | None, n: int, t0: float, timeout:
             "rss_mib": usage.ru_maxrss / 1024 if usage else None, "cpu_samples": samples}
 
 
+#: The launch timeline's phases (clusterrun.runs.timeline.PHASES), as status.json names them.
+PHASES = ("connect", "agent", "ready", "staging", "pathcheck", "go", "torchrun", "first_line")
+
+
+def timeline_summary(status: dict, t0_wall: float) -> dict:
+    """From a run's status.json: per phase, seconds from the command's start until the first node began it and
+    until the last node ended it, and the median and slowest node's time in it."""
+    out: dict = {}
+    nodes = [n.get("timeline") or {} for n in status.get("nodes", {}).values()]
+    for phase in PHASES:
+        spans = [t[phase] for t in nodes if isinstance(t.get(phase), dict)]
+        starts = [s["start"] for s in spans if s.get("start") is not None]
+        ends = [s["end"] for s in spans if s.get("end") is not None]
+        took = [s["end"] - s["start"] for s in spans if s.get("start") is not None and s.get("end") is not None]
+        if starts and ends:
+            out[phase] = {"first_start_s": min(starts) - t0_wall, "last_end_s": max(ends) - t0_wall,
+                          "median_s": statistics.median(took), "max_s": max(took)}
+    return out
+
+
 def popen(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -242,6 +263,7 @@ class Bench:
             status = json.loads(next(d for d in runs.iterdir() if d.is_dir()).joinpath("status.json").read_text())
             got["status"] = {k: status.get(k) for k in ("state", "problems", "first_failure")}
             got["torchrun_s"] = max(node["launched"] for node in status["nodes"].values()) - t0_wall
+            got["timeline"] = timeline_summary(status, t0_wall)
         # Its CPU until torchrun ran everywhere (the start), and per second from then until every rank ran (the
         # run's steady cost: heartbeats, CPU reports; here the nodes are importing torch, 2 cores for all).
         samples = got.pop("cpu_samples")
@@ -535,6 +557,30 @@ def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
               f"{fmt(row['cpu_per_added_node_ms'], '.1f') + ' ms':>14} | {fmt(row['rss_mib'], '.0f') + ' MiB':>7} | "
               f"{fmt(row['threads'], '.0f'):>7} | {fmt(row['pdsh_cpu_s']):>8}")
     result["summary"] = summary
+    print()
+    print("clusterrun's launch timeline (status.json), seconds from the command's start: when the first node began")
+    print("connecting (Python's start, imports, the inventory), then when the last node ended each phase;")
+    print("[median, slowest node] of each phase's own duration. torchrun ends when each node's ranks had all started;")
+    print("first_line when clusterrun had every node's first rank line. `ranks` is when every rank had run its first")
+    print("line (the bench's file), for clusterrun and pdsh.")
+    print(f"{'N':>4} | {'connect at':>10} | " + " | ".join(f"{p:>17}" for p in PHASES) + f" | {'ranks':>6} | {'pdsh':>6}")
+    print("-" * (24 + 20 * len(PHASES) + 18))
+    for n in counts:
+        cr = result["launch"][n]["clusterrun"]
+        timelines = [r["timeline"] for r in cr if r.get("timeline")]
+        if not timelines:
+            print(f"{n:>4} | no timeline in status.json")
+            continue
+
+        def tl(phase: str, key: str, ts: list[dict] = timelines) -> float | None:
+            return med([t[phase][key] for t in ts if phase in t])
+
+        cells = [f"{fmt(tl(p, 'last_end_s'), '5.2f')} [{fmt(tl(p, 'median_s'), '.2f')},{fmt(tl(p, 'max_s'), '.2f')}]"
+                 for p in PHASES]
+        summary[n]["timeline"] = {p: {k: tl(p, k) for k in ("first_start_s", "last_end_s", "median_s", "max_s")}
+                                  for p in PHASES}
+        print(f"{n:>4} | {fmt(tl('connect', 'first_start_s')):>10} | " + " | ".join(f"{c:>17}" for c in cells)
+              + f" | {fmt(summary[n]['ranks_s']):>6} | {fmt(summary[n]['pdsh_ranks_s']):>6}")
     print()
     print("clusterrun's own CPU, split: start (until torchrun ran on every node), running (per second, from then until")
     print("every rank ran), end (after that); start and end per added node against N=1, running per node; a short")

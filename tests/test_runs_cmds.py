@@ -61,6 +61,14 @@ def test_status_of_the_last_run_names_the_failure(two_runs: Path) -> None:
     assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
 
 
+def test_status_watch_of_a_finished_run_prints_it_once_and_ends(two_runs: Path) -> None:
+    done = run_clusterrun("status", "--watch", cwd=two_runs, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("failed, ") == 1 and "localhost" in done.stdout and "0/2" in done.stdout
+    refused = run_clusterrun("status", "--watch", "--json", cwd=two_runs)
+    assert refused.returncode == 2 and "--watch" in refused.stderr
+
+
 def test_logs_prefix_every_line_and_filter(two_runs: Path) -> None:
     out = run_clusterrun("logs", cwd=two_runs).stdout.splitlines()
     assert "[localhost:0] hello from 0" in out and "[localhost:1] bye from 1" in out

@@ -26,6 +26,9 @@ from simjobs import (
     write_inventory,
 )
 
+from clusterrun.runs.record import RunRecord
+from clusterrun.runs.timeline import PHASES, ordered
+
 pytestmark = pytest.mark.cluster
 
 FAIL_ON_RANK_2 = """
@@ -77,6 +80,23 @@ def test_env_allreduce_and_data_nic(sim_cluster: SimCluster, tmp_path: Path, nod
     for name in names:
         assert "REPORT" in "".join(p.read_text() for p in (run / name).glob("rank*.log"))
     assert_nothing_left(sim_cluster, run.name)
+    if nodes == 4:  # the same run's launch timeline: every phase of every node, in order
+        assert_timeline_complete(st, names, tmp_path)
+
+
+def assert_timeline_complete(st: dict, names: list[str], cwd: Path) -> None:
+    record = RunRecord.from_dict(st)
+    for name in names:
+        timeline = record.nodes[name].timeline
+        assert list(timeline) == list(PHASES), f"{name}: {list(timeline)}"
+        assert all(s.start is not None and s.end is not None for s in timeline.values()), f"{name}: {timeline}"
+        assert not ordered(timeline), f"{name}: {ordered(timeline)}"
+    shown = run_clusterrun("status", cwd=cwd)
+    assert shown.returncode == 0, shown.stderr
+    table = shown.stdout.split("launch timeline", 1)[1].splitlines()
+    assert all(p.replace("_", " ") in table[1] for p in PHASES), shown.stdout
+    rows = [line.split() for line in table[2:] if line.split() and line.split()[0] in names]
+    assert sorted(r[0] for r in rows) == sorted(names) and all("-" not in r for r in rows), shown.stdout
 
 
 def test_second_up_copies_nothing(sim_cluster: SimCluster, tmp_path: Path) -> None:

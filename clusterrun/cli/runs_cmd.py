@@ -61,16 +61,26 @@ def runs(runs_dir: Path, as_json: bool) -> int:
 @click.command(epilog="""\b
 Examples:
   clusterrun status              # the last run
-  clusterrun status 20261123-101500-a1b2 --json""")
+  clusterrun status 20261123-101500-a1b2 --json
+  clusterrun status --watch      # a row per node, refreshed until the run ends""")
 @RUN_ARG
 @RUNS_DIR
 @click.option("--json", "as_json", is_flag=True, help="Print status.json (with the state checked) as JSON.")
-def status(run: str, runs_dir: Path, as_json: bool) -> int:
-    """Show one run: its state, and per node and rank what happened (RUN: an id, a unique part of one, or last)."""
+@click.option("--watch", is_flag=True, help="Show the running run live, a row per node (phase, ranks running, last "
+              "output, CPU, data path), refreshed in place until it ends (Ctrl-C to stop watching).")
+def status(run: str, runs_dir: Path, as_json: bool, watch: bool) -> int:
+    """Show one run: its state, its launch timeline, and per node and rank what happened (RUN: an id, a unique part
+    of one, or last)."""
     from clusterrun.runs import find_run, run_record
     from clusterrun.runs.judge import signal_name
 
     found = find_run(runs_dir, run)
+    if watch:
+        if as_json:
+            from clusterrun.errors import UsageError
+
+            raise UsageError("--watch draws a live view: it does not go with --json")
+        return _watch(found)
     record = run_record(found)
     if as_json:
         click.echo(json.dumps(record.to_dict(), indent=2))
@@ -89,6 +99,7 @@ def status(run: str, runs_dir: Path, as_json: bool) -> int:
         click.echo(f"  {name}: {what}{reason}" + (f"; ranks {ranks}" if ranks else ""))
     for name, problem in record.problems.items():
         click.echo(f"  {name}: {problem}")
+    _print_timeline(record)
     for attempt in record.attempts:
         took = f" in {attempt.duration:.1f}s" if attempt.duration is not None else ""
         what = f"{attempt.state}: {attempt.cause}" if attempt.cause else attempt.state
@@ -108,6 +119,45 @@ def status(run: str, runs_dir: Path, as_json: bool) -> int:
     click.echo(f"logs: {found.path}/")
     for name, where in _earlier_logs(found, record).items():
         click.echo(f"logs of {name}: {where}/")
+    return 0
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _print_timeline(record: Any) -> None:
+    from clusterrun.cli.run_view import timeline_table
+
+    table = timeline_table(record)
+    if table is not None:
+        _console().print(table)
+
+
+def _watch(found: Any) -> int:
+    """The live view of ``found`` until its record says it ended (printed once when it already has)."""
+    from rich.live import Live
+
+    from clusterrun.cli.run_view import WATCH_EVERY, live_view
+    from clusterrun.runs import RunState, run_record
+
+    nodes = [(n.name, len(n.ranks)) for n in found.read_plan().nodes]
+    going = (RunState.starting, RunState.running)
+    record = run_record(found)
+    console = _console()
+    if record.state not in going:
+        console.print(live_view(record, nodes))
+        return 0
+    try:
+        with Live(live_view(record, nodes), console=console, auto_refresh=False) as live:
+            while record.state in going:
+                time.sleep(WATCH_EVERY)  # status.json is rewritten every few seconds: a look a second is enough
+                record = run_record(found)
+                live.update(live_view(record, nodes), refresh=True)
+    except KeyboardInterrupt:
+        return 0  # the run goes on; only the watching stops
     return 0
 
 

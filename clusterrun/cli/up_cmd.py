@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from clusterrun.cli.job_argv import JobCommand
 from clusterrun.cli.job_options import JOB_CONTEXT, job_options, with_job
 from clusterrun.remote import protocol
+
+if TYPE_CHECKING:
+    from clusterrun.transport.early import EarlyConnections
 
 
 def _parse_ranks(value: str | None) -> set[int] | None:
@@ -111,6 +114,29 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
     fleetrun's --devices are understood; other launchers' flags are answered with clusterrun's
     equivalent. SCRIPT alone (no INVENTORY, --ips, --hostfile or --slurm) runs on this machine.
     """
+    early = None
+    if not dry_run:  # the nodes' connections open while the rest of `up` loads
+        from clusterrun.transport.early import EarlyConnections
+        from clusterrun.transport.factory import open_transports
+
+        early = EarlyConnections(lambda: open_transports(inv, plan))
+    try:
+        return _up(inv, plan, runs_dir, early, dry_run=dry_run, as_json=as_json, ranks=ranks, quiet=quiet, raw=raw,
+                   preflight_mode=preflight_mode, detach=detach, time_limit=time_limit, grace=grace,
+                   path_watch=path_watch, on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang,
+                   max_restarts=max_restarts, min_nodes=min_nodes, restart_backoff=restart_backoff,
+                   wait_gpus=wait_gpus, notify=notify)
+    finally:
+        if early is not None:
+            early.close()
+
+
+def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, dry_run: bool, as_json: bool,
+        ranks: str | None, quiet: bool, raw: bool, preflight_mode: str, detach: bool, time_limit: float | None,
+        grace: float,
+        path_watch: bool | None, on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None,
+        max_restarts: int | None, min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None,
+        notify: tuple[str, ...]) -> int:
     from clusterrun.cli.render import plan_json, print_plan, print_summary
     from clusterrun.launch.up import RestartSettings, execute, with_restarts
 
@@ -152,7 +178,8 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
 
     try:
         outcome, run_dir = execute(inv, plan, runs_dir, console, settings, preflight_mode, detach=detach,
-                                   full_check=full_check, notify=[*inv.run.notify, *notify], restarts=restarts)
+                                   full_check=full_check, notify=[*inv.run.notify, *notify], restarts=restarts,
+                                   early=early)
     finally:  # the run's page, however it ended (a run that did not start too); every attempt is on it
         leave_page(Path(runs_dir) / plan.run_id)
     if outcome is None:

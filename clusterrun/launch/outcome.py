@@ -17,6 +17,7 @@ from typing import Any
 from clusterrun.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT
 from clusterrun.runs.judge import Failure, RankEnd, RankState, signal_name
 from clusterrun.runs.record import AttemptRecord, NodeRecord, RankRecord, RunRecord, RunState
+from clusterrun.runs.timeline import PhaseSpan
 
 __all__ = ["Attempt", "Failure", "NodeOutcome", "RankOutcome", "RankState", "RunOutcome", "Signature", "no_restart",
            "signal_name", "signature", "untrusted_nodes"]
@@ -53,10 +54,11 @@ class NodeOutcome:
     started: float | None = None
     launched: float | None = None  # when the node's agent had started torchrun (the node's clock)
     ended: float | None = None
+    timeline: dict[str, PhaseSpan] = field(default_factory=dict)  # the launch's phases (runs/timeline.py)
 
     def record(self) -> NodeRecord:
         return NodeRecord(self.state, self.exit_code, self.reason, self.started, self.launched, self.ended,
-                          {r: o.record() for r, o in self.ranks.items()})
+                          {r: o.record() for r, o in self.ranks.items()}, dict(self.timeline))
 
     def unknown_end(self, reason: str | None) -> None:
         """The node can no longer say how it ended (lost, or given up on): it and its running ranks are unknown."""

@@ -27,7 +27,9 @@ from clusterrun.facts.node import ProbedNode
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import protocol, session
+from clusterrun.runs.timeline import Timeline
 from clusterrun.transport.base import Transport
+from clusterrun.transport.early import EarlyConnections
 from clusterrun.transport.fanout import on_every_node
 
 #: Content-addressed copies of staged files on each node (by sha256).
@@ -113,22 +115,38 @@ def _no_python(link: AgentLink) -> bool:
     return link.stream.wait(0.5) == 127 or any("not found" in line for line in link.stderr_text().splitlines()[-3:])
 
 
-def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> AgentLink:
+def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile],
+         timeline: Timeline, early: EarlyConnections | None) -> AgentLink:
     """Start the node's agent and send it the check (the answer is waited for later, with every node's)."""
     master = node.node_rank == 0
     spec = check_spec(node.run_dir, cache=REMOTE_CACHE, hashes=[f.digest for f in staged],
                       port=plan.master_port if master and not plan.choose_port else None,
                       choose_port=master and plan.choose_port, run_id=plan.run_id, node=node.name)
+    if early is not None and early.has(node.name):  # connecting since `up` had the plan
+        began, connected = early.wait(node.name, PREFLIGHT_TIMEOUT)
+        timeline.begin(node.name, "connect", began)
+    else:
+        timeline.begin(node.name, "connect")
+        transport.connect()
+        connected = time.time()
+    timeline.begin(node.name, "agent", timeline.end(node.name, "connect", connected))
     link = open_link(transport, node)
     link.check(spec)  # a closed stream shows as the end, when the answer is read
     return link
 
 
-def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: float) -> tuple[NodeReady, set[str]]:
+def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: float,
+            timeline: Timeline) -> tuple[NodeReady, set[str]]:
     """What the node reported, with the staged files its cache lacks; or the error that says why the node cannot
     run the job."""
     try:
         answer = link.answer((session.READY, protocol.ERROR), deadline)
+        # The answer arrived when its bytes did (the node says nothing more until asked), not when it was read here.
+        received = time.time() - (time.monotonic() - link.heard)
+        sent = timeline.started(node.name, "agent") or received
+        running = timeline.node_clock(node.name, sent, answer.get("time"), received)
+        timeline.begin(node.name, "ready", timeline.end(node.name, "agent", running))
+        timeline.end(node.name, "ready", received)
     except ClusterrunError as exc:
         if _no_python(link):
             raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; give an interpreter "
@@ -147,39 +165,47 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
                      link=link), set(report["missing"])
 
 
-def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], missing: set[str]) -> NodeReady:
+def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], missing: set[str],
+           timeline: Timeline) -> NodeReady:
+    timeline.begin(ready.node, "staging")
+    copied = 0
     for f in staged:
         cached = posixpath.join(REMOTE_CACHE, f.digest)
         if f.digest in missing:
             transport.put(f.local, cached)
             ready.copied.append(str(f.local))
+            copied += f.local.stat().st_size
         ready.stage.append((cached, f.dest, f.kind))
+    timeline.end(ready.node, "staging", bytes=copied)
     return ready
 
 
-def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
+def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport], timeline: Timeline | None = None,
+                early: EarlyConnections | None = None) -> dict[str, NodeReady]:
     """Start every node's agent, check and stage every node. Raises :class:`StartError` naming every node that
-    failed (after dropping every agent: nothing waits on a node for a job that will not come).
+    failed (after dropping every agent: nothing waits on a node for a job that will not come). Each step's time
+    goes to ``timeline`` (connect, agent, ready, staging); the connections of ``early`` are already under way.
 
     Three steps, so that no thread waits on a node's answer: connect and start the agents (in parallel), read
     the answers as they come (each node's agent has its own reader), copy what is missing (in parallel)."""
+    timeline = timeline or Timeline()
     staged = {node.name: files_to_stage(plan, node) for node in plan.nodes}
     nodes = {node.name: node for node in plan.nodes}
     links, problems = on_every_node(plan.nodes, lambda n: n.name,
-                                    lambda n: _ask(plan, n, transports[n.name], staged[n.name]), "preflight")
+                                    lambda n: _ask(plan, n, transports[n.name], staged[n.name], timeline, early), "preflight")
     deadline = time.monotonic() + PREFLIGHT_TIMEOUT
     ready: dict[str, NodeReady] = {}
     missing: dict[str, set[str]] = {}
     for name, link in links.items():
         try:
-            ready[name], missing[name] = _answer(nodes[name], link, transports[name], deadline)
+            ready[name], missing[name] = _answer(nodes[name], link, transports[name], deadline, timeline)
         except ClusterrunError as exc:
             problems[name] = getattr(exc, "reason", str(exc))
             link.abort()
     if not problems:
         _, copy_problems = on_every_node(
             [nodes[name] for name in ready], lambda n: n.name,
-            lambda n: _stage(ready[n.name], transports[n.name], staged[n.name], missing[n.name]), "copy")
+            lambda n: _stage(ready[n.name], transports[n.name], staged[n.name], missing[n.name], timeline), "copy")
         problems.update(copy_problems)
     if problems:
         drop(ready)

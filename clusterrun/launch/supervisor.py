@@ -1,18 +1,16 @@
 """Run a launch plan on its nodes and supervise it to the end.
 
-Each node's agent was started by the ready check and waits (see
-:mod:`clusterrun.agents.link`); ``go`` starts the job on every node, and the
-reader thread of each node's link turns the agent's output into frames (events,
-rank output as raw payloads) on one bounded queue; the calling thread alone writes
-logs and the terminal (:class:`~clusterrun.launch.relay.LogRelay`), so lines are
-never split or mixed. The end of a node is a handshake: its agent sends every byte
-of every rank file, then its ``exit`` event with each file's size, then closes the
+Each node's agent was started by the ready check and waits (see :mod:`clusterrun.agents.link`); ``go`` starts the
+job on every node, and the reader thread of each node's link turns the agent's output into frames (events, rank
+output as raw payloads) on one bounded queue; the calling thread alone writes logs and the terminal
+(:class:`~clusterrun.launch.relay.LogRelay`), so lines are never split or mixed. The end of a node is a handshake:
+its agent sends every byte of every rank file, then its ``exit`` event with each file's size, then closes the
 stream; the loop reads each stream to its end. The first failure (a rank exits non-zero, a node's connection
-drops) stops every other node: ``term`` to each agent, which sends SIGTERM to its
-processes and SIGKILL after the grace period. Ctrl-C or SIGTERM does the same; a
-second Ctrl-C sends ``kill``. The run's phase (:mod:`clusterrun.launch.phase`) says which of these happened.
-Heartbeats tell each agent we are still here; an agent
-that stops hearing them (or whose connection closes) stops its node by itself.
+drops) stops every other node: ``term`` to each agent, which sends SIGTERM to its processes and SIGKILL after the
+grace period. Ctrl-C or SIGTERM does the same; a second Ctrl-C sends ``kill``. The run's phase
+(:mod:`clusterrun.launch.phase`) says which of these happened. Heartbeats tell each agent we are still here; an
+agent that stops hearing them (or whose connection closes) stops its node by itself. What each node is doing goes
+to status.json every few seconds (:mod:`clusterrun.runs.live`).
 """
 
 from __future__ import annotations
@@ -40,6 +38,8 @@ from clusterrun.remote import protocol
 from clusterrun.remote.protocol import Frame
 from clusterrun.runs import RunDir, RunState, read_record, write_record
 from clusterrun.runs.judge import judge_node
+from clusterrun.runs.live import LiveNodes
+from clusterrun.runs.timeline import Timeline
 
 #: Events handled in one turn of the loop at most, before its work over every node (ticks, silence, heartbeats).
 EVENTS_PER_TURN = 256
@@ -48,11 +48,9 @@ EVENTS_PER_TURN = 256
 class Supervisor:
     def __init__(self, plan: LaunchPlan, links: Mapping[str, AgentLink], run_dir: RunDir,
                  console: Console, settings: SupervisorSettings | None = None,
-                 stage: Mapping[str, list[tuple[str, str]]] | None = None, notifier: Notifier | None = None) -> None:
-        self.plan = plan
-        self.links = links
-        self.run_dir = run_dir
-        self.console = console
+                 stage: Mapping[str, list[tuple[str, str]]] | None = None, notifier: Notifier | None = None,
+                 timeline: Timeline | None = None) -> None:
+        self.plan, self.links, self.run_dir, self.console = plan, links, run_dir, console
         self.settings = (settings or SupervisorSettings()).paced(plan.nnodes)
         self.notifier = notifier
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.settings.queue_size)
@@ -81,6 +79,8 @@ class Supervisor:
                                    [n.name for n in ordered])
             self.watch = DataPathWatch(state, lambda node, line: self._streams[node].send(line), self.console.info,
                                        self._path_lost, self._record)
+        self.live = LiveNodes(run_dir, self.outcome.nodes, timeline or Timeline(), self.watch is not None,
+                              self.relay.failed)
 
     # ------------------------------------------------------------ start
 
@@ -108,6 +108,7 @@ class Supervisor:
                 continue
             earlier += [(node.name, item) for item in left]
             try:
+                self.live.go(node.name)
                 link.go(self._spec(node))
             except ClusterrunError as exc:  # a node that cannot be told is reported, the others stopped
                 problems[node.name] = getattr(exc, "reason", str(exc))
@@ -141,6 +142,7 @@ class Supervisor:
         if kind == protocol.PONG:
             return
         self._last_progress[name] = now
+        self.live.on_event(name, event)
         if kind == protocol.OUT:
             if self.hang is not None:
                 self.hang.output(now)
@@ -249,6 +251,7 @@ class Supervisor:
             for stream in self._streams.values():
                 stream.join(timeout=2.0)
             self.relay.close()
+            self.live.finish()
             self.outcome.ended = self.outcome.ended or time.time()
         return self.outcome
 
@@ -274,6 +277,7 @@ class Supervisor:
             if now >= next_tick:
                 next_tick = now + 0.25
                 self.console.tick(now)  # progress bars held back by the rate limit
+                self.live.tick(now)
                 if self.watch is not None:
                     quiet = 3 * self.settings.heartbeat_interval  # every node answers each heartbeat at once
                     self.watch.tick(now, self._jobs_ended(),

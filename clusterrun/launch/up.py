@@ -27,7 +27,9 @@ from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, build_plan
 from clusterrun.runs import NodeRecord, RunDir, RunRecord, RunState, new_run_id, read_record, write_record
 from clusterrun.runs.record import AttemptRecord, tag_events
+from clusterrun.runs.timeline import Timeline, slow_phases
 from clusterrun.transport.base import Transport
+from clusterrun.transport.early import EarlyConnections
 from clusterrun.transport.factory import transport_for
 
 PREFLIGHT_MODES = ("quick", "full", "off")
@@ -119,14 +121,16 @@ def with_restarts(inv: Inventory, plan: LaunchPlan, max_restarts: int) -> Launch
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             settings: SupervisorSettings | None = None, preflight_mode: str = "quick",
             detach: bool = False, full_check: FullCheck | None = None,
-            notify: Sequence[str] = (), restarts: RestartSettings | None = None) -> tuple[RunOutcome | None, RunDir]:
+            notify: Sequence[str] = (), restarts: RestartSettings | None = None,
+            early: EarlyConnections | None = None) -> tuple[RunOutcome | None, RunDir]:
     """Run ``plan`` to its end. Returns the outcome (of the last attempt) and the run directory.
 
     Before each attempt: preflight (every node ready), the plan completed from the nodes' facts, and the
     connectivity check of ``preflight_mode`` (quick, full or off). With ``detach`` the job is started and
     left running on its own: the outcome is None. With ``restarts`` a failed attempt is started again (see
     :mod:`clusterrun.launch.outcome` for when not) after what is left of it is gone from every node; nodes
-    that were lost or fail the checks are replaced by spares or left out (:func:`recompose`).
+    that were lost or fail the checks are replaced by spares or left out (:func:`recompose`). ``early``: the
+    nodes' connections, under way since the plan was made (closed here at the end).
 
     Raises :class:`StartError` when the first attempt could not be started (then nothing runs anywhere).
     ``status.json`` always ends up describing what happened, written atomically.
@@ -144,13 +148,13 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
         raise ClusterrunError(f"cannot write the run directory in {runs_dir}: {exc.strerror or exc}; free space "
                               "there or choose another with --runs-dir") from exc
     run = _Run(inv, run_dir, console, settings or SupervisorSettings(), preflight_mode, full_check, restarts,
-               Notifier(notify))
+               Notifier(notify), early)
     try:
         return run.first(plan, detach)
     finally:
         remove_archives()
-        for transport in run.transports.values():
-            transport.close()
+        for transport in [*run.transports.values(), *([early] if early else [])]:
+            transport.close()  # the early connections' threads too
 
 
 def _links(ready: Mapping[str, NodeReady]) -> dict[str, AgentLink]:
@@ -167,9 +171,11 @@ class _Run:
 
     def __init__(self, inv: Inventory, run_dir: RunDir, console: Console, settings: SupervisorSettings,
                  preflight_mode: str, full_check: FullCheck | None, restarts: RestartSettings,
-                 notifier: Notifier) -> None:
+                 notifier: Notifier, early: EarlyConnections | None = None) -> None:
         self.inv, self.run_dir, self.console, self.settings = inv, run_dir, console, settings
         self.preflight_mode, self.full_check, self.restarts, self.notifier = preflight_mode, full_check, restarts, notifier
+        self.early = early  # the first attempt's connections, under way
+        self.timeline = Timeline()  # the current attempt's launch, node by node
         self.transports: dict[str, Transport] = {}
         self.spares = [n.name for n in inv.nodes if n.spare]
         self.attempts: list[Attempt] = []
@@ -179,11 +185,14 @@ class _Run:
         try:
             plan, ready, attempt = self._prepare(plan, Attempt(0, [n.name for n in plan.nodes]))
             if detach:
+                go = time.time()
                 launched = start_detached(plan, _links(ready), {name: r.stage for name, r in ready.items()},
                                           self.settings.grace)
+                for name, at in launched.items():  # go: until the node's torchrun started
+                    self.timeline.span([name], "go", go, self.timeline.on_our_clock(name, at) or go)
                 self._write(read_record(self.run_dir).replace(
                     state=RunState.detached, started=time.time(), pid=None, detached=True,
-                    nodes={n: NodeRecord(launched=t) for n, t in launched.items()}))
+                    nodes={n: NodeRecord(launched=t, timeline=self.timeline.of(n)) for n, t in launched.items()}))
                 return None, self.run_dir
             self.notifier.send("start", f"clusterrun: run {plan.run_id} started on {plan.nnodes} node(s), "
                                         f"{plan.world_size} rank(s)", run_id=plan.run_id, state="running",
@@ -221,8 +230,9 @@ class _Run:
             self._open(plan)
             if any(n.transport is not TransportKind.local for n in plan.nodes):
                 self.console.info(f"checking {plan.nnodes} node(s)...")
+            self.timeline, early, self.early = Timeline(), self.early, None
             try:
-                ready = check_ready(plan, self.transports)
+                ready = check_ready(plan, self.transports, self.timeline, early)
             except StartError as exc:
                 failed = {n: why for n, why in exc.problems.items() if n in attempt.nodes}
                 if not failed or len(failed) < len(exc.problems) or not (self.restarts.may_drop or self.spares):
@@ -237,8 +247,10 @@ class _Run:
                     self.console.info(f"from the node: {line}")
                 for warning in plan.warnings:
                     self.console.info(f"warning: {warning}")
+                began = time.time()
                 check_paths(inv, plan, self.transports, _links(ready), self.run_dir, self.console,
                             self.preflight_mode, self.full_check)
+                self.timeline.span(ready, "pathcheck", began, time.time(), mode=self.preflight_mode)
             except GpusLeased as exc:  # other runs hold GPUs this one needs: refused, or queued (--wait-gpus)
                 drop(ready)
                 if waits is None or not waits.again(exc):
@@ -268,7 +280,8 @@ class _Run:
 
     def _run(self, plan: LaunchPlan, ready: Mapping[str, NodeReady], attempt: Attempt) -> RunOutcome:
         supervisor = Supervisor(plan, _links(ready), self.run_dir, self.console, self.settings,
-                                stage={name: r.stage for name, r in ready.items()}, notifier=self.notifier)
+                                stage={name: r.stage for name, r in ready.items()}, notifier=self.notifier,
+                                timeline=self.timeline)
         attempt.started = supervisor.outcome.started
         self.attempts.append(attempt)
         # The record of the whole run so far: the earlier attempts and their events (the supervisor adds this
@@ -278,6 +291,7 @@ class _Run:
         self.console.info(f"run {plan.run_id}: {plan.nnodes} node(s), {plan.world_size} rank(s), "
                           f"logs in {self.run_dir.path}/" + (f" (attempt {attempt.number})" if attempt.number else ""))
         outcome = supervisor.run()
+        outcome.notes += [f"slow launch: {s}" for s in slow_phases({n: o.timeline for n, o in outcome.nodes.items()})]
         complete_logs(plan, self.transports, self.run_dir, outcome, supervisor.relay, self.console,
                       grace=self.settings.grace, heartbeat_timeout=self.settings.heartbeat_timeout)
         attempt.ended, attempt.state, attempt.exit_code = outcome.ended, outcome.state.value, outcome.exit_code
@@ -365,10 +379,10 @@ class _Run:
 
     def _open(self, plan: LaunchPlan) -> None:
         """A transport for each node of ``plan`` that has none yet (a spare joining); open ones are kept."""
-        nodes = {n.name: n for n in self.inv.nodes}
+        nodes, made = {n.name: n for n in self.inv.nodes}, self.early.transports if self.early else {}
         for node in plan.nodes:
             if node.name not in self.transports:
-                self.transports[node.name] = transport_for(self.inv, nodes[node.name])
+                self.transports[node.name] = made.get(node.name) or transport_for(self.inv, nodes[node.name])
 
     def _attempt_records(self) -> tuple[AttemptRecord, ...]:
         """Every attempt so far, for a run that may restart (a run that may not has only one: none listed)."""

@@ -96,7 +96,8 @@ def record_detached_end(run: RunDir, results: Mapping[str, NodeLogs]) -> None:
     for node, end in zip(plan.nodes, ends, strict=True):
         before = record.nodes.get(node.name)
         nodes[node.name] = NodeRecord.of(end, {r: r - node.rank_offset for r in node.ranks},
-                                         launched=before.launched if before else None, started=record.started)
+                                         launched=before.launched if before else None, started=record.started,
+                                         timeline=before.timeline if before else None)
     # The run ended when its last node's job did (the nodes said when), not when someone looked.
     ended = max((end.ended for end in ends if end.ended is not None), default=None) or time.time()
     write_record(run, record.replace(state=RunState.failed if first else RunState.succeeded, ended=ended,

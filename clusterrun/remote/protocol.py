@@ -5,9 +5,9 @@ followed by exactly N raw bytes, its payload, which are not part of any line. A 
 with an ``ev`` (a traceback of a Python too old for the agent, a shell's complaint) reads as a ``launcher``
 event with that text, so nothing the node says is dropped.
 
-Events of ``agent.py prepare`` before ``go`` (see session.py): ``ready`` (report), ``listening`` (port, or
-error), ``reached`` (tcp, ping), ``pinged`` (results, missing), each the answer to one command; after ``go``,
-those of ``run``.
+Events of ``agent.py prepare`` before ``go`` (see session.py): ``ready`` (report, time: when the agent read its
+check), ``listening`` (port, or error), ``reached`` (tcp, ping), ``pinged`` (results, missing), each the answer to
+one command; after ``go``, those of ``run``.
 
 Events of ``agent.py run``:
 

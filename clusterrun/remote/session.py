@@ -4,7 +4,7 @@ A launch starts the agent once on each node. Before the job it answers commands 
 with one event each (see protocol.py), and then becomes the job's agent on ``go``:
 
 * ``check <spec>``: the ready check (ready.py; its spec is ``protocol.CHECK``): python, torch, run directory,
-  master port, staged files, the node's NICs and GPUs; answered by ``ready`` (report), or ``error`` (text)
+  master port, staged files, the node's NICs and GPUs; answered by ``ready`` (report, time), or ``error`` (text)
   when the spec does not fit.
 * ``probe-listen <json>``: hold the master port (``port``) open and accept connections on it until ``go``
   or the end; answered by ``listening`` (port, or error).
@@ -154,13 +154,14 @@ def serve(stdin, start_run) -> int:
                 return 0
             word, _, arg = raw.decode("utf-8", errors="replace").strip().partition(" ")
             if word == CHECK:
+                running = time.time()  # the agent is up and reading its commands: the launch timeline's stamp
                 try:
                     spec = protocol.decode_spec(protocol.CHECK, arg)
                 except protocol.SpecError as exc:
                     wire.emit({"ev": protocol.ERROR, "text": "clusterrun agent: %s" % exc})
                     continue
                 idle = spec["idle"]
-                wire.emit({"ev": READY, "report": ready.check(spec)})
+                wire.emit({"ev": READY, "report": ready.check(spec), "time": running})
             elif word == LISTEN:
                 args = json.loads(arg)
                 if listener is not None:

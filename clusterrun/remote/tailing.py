@@ -17,6 +17,9 @@ else:
 READ_CHUNK = 128 << 10  # bytes read from one rank file per turn: one ``out`` frame at most this big
 MAX_RECORD = 1 << 20  # an unfinished line longer than this goes out in pieces (``open``) instead of being held
 TAIL_FAST, TAIL_SLOW = 0.01, 0.1  # seconds between looks at the rank files: right after data, and when idle
+#: Seconds between looks for the first rank file: torchrun is still starting (importing torch, its rendezvous),
+#: and on a machine whose cores the ranks need now, an agent's every wakeup counts.
+TAIL_NONE = 0.25
 
 
 def _record_end(data: bytes) -> int:
@@ -67,6 +70,8 @@ class RankFile:
         """
         if wire.is_broken() or not self._open():
             return 0  # nobody to send to (a detached run's connection is gone): the file stays as it is
+        if not self.pending and os.fstat(self.fh.fileno()).st_size <= self.offset:
+            return 0  # nothing new: one fstat, where a read would take (and give back) a 128 KiB buffer
         chunk = self.fh.read(READ_CHUNK)
         self.offset += len(chunk)
         data = self.pending + chunk if self.pending else chunk
@@ -122,6 +127,9 @@ class Tailer(threading.Thread):
     """
 
     DISCOVER_EVERY = 0.2  # seconds between looks for new rank files while data flows
+    # ... and once the ranks are quiet: torchrun creates every rank's files when it starts its workers, so a walk
+    # of the log directory at each idle look (most of an idle agent's CPU) finds nothing new.
+    DISCOVER_IDLE = 1.0
 
     def __init__(self, log_dir: str, rank_offset: int) -> None:
         super().__init__(daemon=True, name="tailer")
@@ -161,14 +169,14 @@ class Tailer(threading.Thread):
             wait, looked = TAIL_FAST, 0.0
             while not self.stop_event.is_set():
                 now = time.monotonic()
-                if now - looked >= self.DISCOVER_EVERY or wait >= TAIL_SLOW:
+                if not self.files or now - looked >= (self.DISCOVER_IDLE if wait >= TAIL_SLOW else self.DISCOVER_EVERY):
                     self._discover()
                     looked = now
                 if self._round():
                     self.progress = time.monotonic()
                     wait = TAIL_FAST
                 else:
-                    self.stop_event.wait(wait)
+                    self.stop_event.wait(wait if self.files else TAIL_NONE)
                     wait = min(TAIL_SLOW, wait * 2)
             # The job is over: every byte of every file goes out, whole records first, then what is left.
             self._discover()

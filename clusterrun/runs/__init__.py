@@ -1,5 +1,6 @@
 """Runs on the orchestrator: their directories (:mod:`.dirs`), their record, status.json (:mod:`.record`), and
-the judge of how a node and a run ended (:mod:`.judge`)."""
+the judge of how a node and a run ended (:mod:`.judge`), the launch timeline and a running node's live state
+(:mod:`.timeline`, :mod:`.live`)."""
 
 from __future__ import annotations
 

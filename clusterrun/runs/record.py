@@ -21,6 +21,7 @@ from typing import Any
 
 from clusterrun.runs.dirs import RunDir, atomic_write
 from clusterrun.runs.judge import Failure, NodeEnd, RankState, signal_name, signal_number
+from clusterrun.runs.timeline import NodeLive, PhaseSpan, timeline_dict, timeline_from
 
 STATUS = "status.json"
 
@@ -98,26 +99,34 @@ class NodeRecord:
     launched: float | None = None  # when the node's agent had started torchrun (the node's clock)
     ended: float | None = None
     ranks: Mapping[int, RankRecord] = field(default_factory=dict)
+    timeline: Mapping[str, PhaseSpan] = field(default_factory=dict)  # the launch's phases (runs/timeline.py)
+    live: NodeLive | None = None  # while it runs: what the supervisor last knew
 
     def to_dict(self) -> dict[str, Any]:
-        return {"state": self.state.value if self.state else None, "exit_code": self.exit_code,
+        data = {"state": self.state.value if self.state else None, "exit_code": self.exit_code,
                 "reason": self.reason, "started": self.started, "launched": self.launched, "ended": self.ended,
                 "ranks": {str(r): o.to_dict() for r, o in sorted(self.ranks.items())}}
+        if self.timeline:
+            data["timeline"] = timeline_dict(self.timeline)
+        if self.live is not None:
+            data["live"] = self.live.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeRecord:
         ranks = {int(k): RankRecord.from_dict(int(k), v) for k, v in (data.get("ranks") or {}).items()
                  if str(k).lstrip("-").isdigit() and isinstance(v, Mapping)}
         return cls(_rank_state(data.get("state")), _int(data.get("exit_code")), data.get("reason"),
-                   _float(data.get("started")), _float(data.get("launched")), _float(data.get("ended")), ranks)
+                   _float(data.get("started")), _float(data.get("launched")), _float(data.get("ended")), ranks,
+                   timeline_from(data.get("timeline")), NodeLive.from_dict(data.get("live")))
 
     @classmethod
     def of(cls, end: NodeEnd, local: Mapping[int, int], launched: float | None = None,
-           started: float | None = None) -> NodeRecord:
+           started: float | None = None, timeline: Mapping[str, PhaseSpan] | None = None) -> NodeRecord:
         """What the judge said of a node (``local``: global rank -> local rank)."""
         return cls(end.state, end.exit_code, end.reason, started, launched, end.ended,
                    {r: RankRecord(r, local.get(r), e.state, e.exit_code, e.signal, e.started, e.ended)
-                    for r, e in end.ranks.items()})
+                    for r, e in end.ranks.items()}, dict(timeline or {}))
 
 
 @dataclass(frozen=True)
