@@ -138,7 +138,8 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         max_restarts: int | None, min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None,
         notify: tuple[str, ...]) -> int:
     from clusterrun.cli.render import plan_json, print_plan, print_summary
-    from clusterrun.launch.up import RestartSettings, execute, with_restarts
+    from clusterrun.launch.settings import RestartSettings, with_restarts
+    from clusterrun.launch.up import execute
 
     run = inv.run
     restarts = RestartSettings(

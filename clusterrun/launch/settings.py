@@ -1,4 +1,4 @@
-"""How a supervised run behaves: heartbeats, stop and drain bounds, the watches, the time limit.
+"""How a supervised run behaves: heartbeats, stop and drain bounds, the watches, the time limit, the restarts.
 
 One frozen value per run, made from the inventory's ``run`` settings and the command line
 (:meth:`SupervisorSettings.for_run`) and spaced out for large runs (:meth:`SupervisorSettings.paced`).
@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from clusterrun.inventory.models import RunSettings
+from clusterrun.inventory.models import Inventory, RunSettings
+from clusterrun.plan import LaunchPlan, build_plan
 from clusterrun.remote import protocol
 
 #: On a large run, at most about this many heartbeats, and CPU reports, reach clusterrun each second.
@@ -54,3 +55,25 @@ class SupervisorSettings:
         return cls(grace=grace, timeout=timeout, path_watch=run.path_watch if path_watch is None else path_watch,
                    on_path_loss=on_path_loss or run.on_path_loss, hang_timeout=hang_timeout or run.hang_timeout,
                    on_hang=on_hang or run.on_hang)
+
+
+@dataclass(frozen=True)
+class RestartSettings:
+    """``--max-restarts``, ``--min-nodes``, ``--restart-backoff`` (or the inventory's ``run`` section)."""
+
+    max_restarts: int = 0
+    min_nodes: int | None = None  # None: every node is needed
+    backoff: float = 5.0  # seconds before the first restart; doubling, at most a minute
+
+    @property
+    def may_drop(self) -> bool:
+        return self.min_nodes is not None
+
+
+def with_restarts(inv: Inventory, plan: LaunchPlan, max_restarts: int) -> LaunchPlan:
+    """``plan`` for a run that clusterrun may restart ``max_restarts`` times (the workers see it as
+    TORCHELASTIC_MAX_RESTARTS): what ``up`` runs, and what ``up --dry-run`` shows."""
+    if plan.job.restarts == max_restarts:
+        return plan
+    return dataclasses.replace(build_plan(inv, dataclasses.replace(plan.job, restarts=max_restarts)),
+                               probed=plan.probed)

@@ -6,7 +6,6 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from clusterrun import redact
@@ -21,7 +20,7 @@ from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.ready import NodeReady, check_ready, drop, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
 from clusterrun.launch.replan import CannotContinue, GpuWait, backoff, plan_with_facts, recompose
-from clusterrun.launch.settings import SupervisorSettings
+from clusterrun.launch.settings import RestartSettings, SupervisorSettings, with_restarts
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, build_plan
@@ -94,28 +93,6 @@ def _notify_end(notifier: Notifier, outcome: RunOutcome, plan: LaunchPlan, run_d
     for missed in notifier.close():  # waits a second at most: a slow webhook never holds the run
         console.info(f"--notify {missed.url}: the {missed.event!r} document "
                      + (f"was not delivered ({missed.error})" if missed.error else "was still on its way"))
-
-
-@dataclass(frozen=True)
-class RestartSettings:
-    """``--max-restarts``, ``--min-nodes``, ``--restart-backoff`` (or the inventory's ``run`` section)."""
-
-    max_restarts: int = 0
-    min_nodes: int | None = None  # None: every node is needed
-    backoff: float = 5.0  # seconds before the first restart; doubling, at most a minute
-
-    @property
-    def may_drop(self) -> bool:
-        return self.min_nodes is not None
-
-
-def with_restarts(inv: Inventory, plan: LaunchPlan, max_restarts: int) -> LaunchPlan:
-    """``plan`` for a run that clusterrun may restart ``max_restarts`` times (the workers see it as
-    TORCHELASTIC_MAX_RESTARTS): what ``up`` runs, and what ``up --dry-run`` shows."""
-    if plan.job.restarts == max_restarts:
-        return plan
-    return dataclasses.replace(build_plan(inv, dataclasses.replace(plan.job, restarts=max_restarts)),
-                               probed=plan.probed)
 
 
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
