@@ -40,6 +40,12 @@ def job_options(func: F) -> F:
                      "directory; unchanged content is not copied again. Not needed with shared_fs."),
         click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
                      show_default=True, help="Where run directories (plan, logs, status) are written."),
+        click.option("--cpu-bind", type=click.Choice(["numa", "none"]), default=None,
+                     help="numa: each rank runs on the CPUs and memory node of its GPU's NUMA node, as nvidia-smi "
+                     "topo -m gives them; none: no binding (default: numa; inventory run.cpu_bind)."),
+        click.option("--allow-busy-gpus", is_flag=True,
+                     help="Use listed GPUs even when another process uses them (refused by default: one busy GPU "
+                     "slows every rank), and busy ones when too few are idle."),
         click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of tables."),
     ]
     for option in reversed(options):
@@ -87,7 +93,8 @@ def forwarded_env(patterns: tuple[str, ...], environ: dict[str, str] | None = No
 def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...], *, module: bool,
               nproc_per_node: int | None, master_port: int | None, env: tuple[str, ...],
               runs_dir: Path, sync_dir: Path | None = None, env_forward: tuple[str, ...] = (),
-              sources: dict[str, Any] | None = None) -> tuple[Any, Any]:
+              sources: dict[str, Any] | None = None, cpu_bind: str | None = None,
+              allow_busy_gpus: bool = False) -> tuple[Any, Any]:
     """Load the nodes and make the plan: returns (inventory, LaunchPlan). Raises ClusterrunError."""
     from clusterrun.errors import UsageError
     from clusterrun.inventory.hostspec import parse_env_assignments
@@ -114,6 +121,7 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
         nproc_per_node=nproc_per_node, master_port=master_port, env=tuple(env_vars.items()),
         local_runs_dir=str(runs_dir.resolve()), local_cwd=os.getcwd(),
         sync_dir=str(sync_dir.resolve()) if sync_dir else None,
+        cpu_bind=cpu_bind or inv.run.cpu_bind, allow_busy_gpus=allow_busy_gpus,
     )
     return inv, build_plan(inv, job)
 
@@ -152,7 +160,7 @@ def with_job(func: F) -> F:
                 env: tuple[str, ...], env_forward: tuple[str, ...], runs_dir: Path, sync_dir: Path | None,
                 ips: str | None, hostfile: Path | None, slurm: str | None, gpus: str | None, ssh_user: str | None,
                 ssh_config: Path | None, node_python: str | None, data_nic: str | None, node_pattern: str | None,
-                **rest: Any) -> Any:
+                cpu_bind: str | None, allow_busy_gpus: bool, **rest: Any) -> Any:
         sources = {"ips": ips, "hostfile": hostfile, "slurm": slurm, "gpus": gpus, "ssh_user": ssh_user,
                    "ssh_config": ssh_config, "node_python": node_python, "data_nic": data_nic,
                    "node_pattern": node_pattern}
@@ -163,7 +171,8 @@ def with_job(func: F) -> F:
         inventory, script, script_args = split_targets(targets, sources, this_machine)
         inv, plan = build_job(inventory, script, script_args, module=module, nproc_per_node=nproc_per_node,
                               master_port=master_port, env=env, runs_dir=runs_dir, sync_dir=sync_dir,
-                              env_forward=env_forward, sources=sources)
+                              env_forward=env_forward, sources=sources, cpu_bind=cpu_bind,
+                              allow_busy_gpus=allow_busy_gpus)
         return func(inv=inv, plan=plan, runs_dir=runs_dir, **rest)
 
     return wrapper  # type: ignore[return-value]

@@ -139,7 +139,8 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
         kind = NoTorch if report.get("no_torch") else NodeNotReady
         raise kind(node.name, "; ".join(report["problems"]))
     return NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
-                     ssh_address=transport.peer_address(), gpus=report.get("gpus"), link=link), set(report["missing"])
+                     ssh_address=transport.peer_address(), gpus=report.get("gpus"), gpu=report.get("gpu"),
+                     link=link), set(report["missing"])
 
 
 def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], missing: set[str]) -> NodeReady:
