@@ -242,7 +242,7 @@ def choose(facts: NodeGpus, *, listed: Sequence[int] = (), count: int | None = N
         chosen = tuple(listed)
     else:
         idle = [i for i in offered if i not in reasons]
-        usable = idle + ([i for i in offered if i in reasons and i not in held] if allow_busy else [])
+        usable = [i for i in offered if i not in reasons or (allow_busy and i not in held)]
         need = len(usable) if count is None else count
         if not offered:
             return GpuChoice(node, (), f"{node}: {where}: CPU processes", tuple(warnings))
