@@ -40,17 +40,26 @@ def job_options(func: F) -> F:
                      "directory; unchanged content is not copied again. Not needed with shared_fs."),
         click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
                      show_default=True, help="Where run directories (plan, logs, status) are written."),
-        click.option("--cpu-bind", type=click.Choice(["numa", "none"]), default=None,
-                     help="numa: each rank runs on the CPUs and memory node of its GPU's NUMA node, as nvidia-smi "
-                     "topo -m gives them; none: no binding (default: numa; inventory run.cpu_bind)."),
-        click.option("--allow-busy-gpus", is_flag=True,
-                     help="Use listed GPUs even when another process uses them (refused by default: one busy GPU "
-                     "slows every rank), and busy ones when too few are idle."),
         click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of tables."),
     ]
     for option in reversed(options):
         func = option(func)
     return source_options(func)
+
+
+def gpu_options(func: F) -> F:
+    """How the nodes' GPUs are taken and the ranks bound (`plan --probe` and `up`, which read the nodes' GPUs)."""
+    options = [
+        click.option("--cpu-bind", type=click.Choice(["numa", "none"]), default=None,
+                     help="numa: each rank runs on the CPUs and memory node of its GPU's NUMA node, as nvidia-smi "
+                     "topo -m gives them; none: no binding (default: numa; inventory run.cpu_bind)."),
+        click.option("--allow-busy-gpus", is_flag=True,
+                     help="Use listed GPUs even when another process uses them (refused by default: one busy GPU "
+                     "slows every rank of the job), and busy ones when too few are idle."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
 
 
 def split_targets(targets: tuple[str, ...], sources: dict[str, Any],
@@ -160,7 +169,7 @@ def with_job(func: F) -> F:
                 env: tuple[str, ...], env_forward: tuple[str, ...], runs_dir: Path, sync_dir: Path | None,
                 ips: str | None, hostfile: Path | None, slurm: str | None, gpus: str | None, ssh_user: str | None,
                 ssh_config: Path | None, node_python: str | None, data_nic: str | None, node_pattern: str | None,
-                cpu_bind: str | None, allow_busy_gpus: bool, **rest: Any) -> Any:
+                **rest: Any) -> Any:
         sources = {"ips": ips, "hostfile": hostfile, "slurm": slurm, "gpus": gpus, "ssh_user": ssh_user,
                    "ssh_config": ssh_config, "node_python": node_python, "data_nic": data_nic,
                    "node_pattern": node_pattern}
@@ -169,6 +178,7 @@ def with_job(func: F) -> F:
         ctx = click.get_current_context(silent=True)
         this_machine = bool(ctx is not None and ctx.meta.get(LOCAL_KEY))
         inventory, script, script_args = split_targets(targets, sources, this_machine)
+        cpu_bind, allow_busy_gpus = rest.pop("cpu_bind", None), rest.pop("allow_busy_gpus", False)
         inv, plan = build_job(inventory, script, script_args, module=module, nproc_per_node=nproc_per_node,
                               master_port=master_port, env=env, runs_dir=runs_dir, sync_dir=sync_dir,
                               env_forward=env_forward, sources=sources, cpu_bind=cpu_bind,
