@@ -136,22 +136,20 @@ def best_set(topology: Topology, candidates: Sequence[int], k: int) -> tuple[tup
     """The ``k`` of ``candidates`` with the best links, and why: fewest NVLink islands, then the closest worst
     link between two of them (NVLink, PIX, PXB, PHB, NODE, SYS), then fewest NUMA nodes, then the lowest indices.
     Raises KeyError when a candidate is not in the topology."""
-    for i in candidates:
-        topology.device(f"GPU{i}")
     island = _islands(topology)
-
-    def worst(combo: Sequence[int]) -> int:
-        return max((topology.link(f"GPU{a}", f"GPU{b}").kind.rank for a, b in itertools.combinations(combo, 2)),
-                   default=0)
+    numa = {i: _numa(topology, i) for i in candidates}  # KeyError for a GPU the matrix lacks
+    rank = {(a, b): topology.link(f"GPU{a}", f"GPU{b}").kind.rank for a, b in itertools.combinations(candidates, 2)}
+    rank.update({(b, a): r for (a, b), r in list(rank.items())})
 
     def key(combo: tuple[int, ...]) -> tuple[int, int, int, tuple[int, ...]]:
-        return (len({island[i] for i in combo}), worst(combo), len({_numa(topology, i) for i in combo}), combo)
+        worst = max((rank[pair] for pair in itertools.combinations(combo, 2)), default=0)
+        return (len({island[i] for i in combo}), worst, len({numa[i] for i in combo}), combo)
 
     ordered = sorted(candidates)
     if math.comb(len(ordered), k) <= MAX_SETS:
         chosen = min(itertools.combinations(ordered, k), key=key)
     else:  # too many sets to try: by island, then NUMA node, then index
-        chosen = tuple(sorted(sorted(ordered, key=lambda i: (island[i], _numa(topology, i) or 0, i))[:k]))
+        chosen = tuple(sorted(sorted(ordered, key=lambda i: (island[i], numa[i] or 0, i))[:k]))
     return chosen, _why(topology, chosen, island)
 
 
@@ -248,11 +246,12 @@ def choose(facts: NodeGpus, *, listed: Sequence[int] = (), count: int | None = N
             return GpuChoice(node, (), f"{node}: {where}: CPU processes", tuple(warnings))
         if need == 0 or need > len(usable):
             others = "; ".join(f"GPU {i} {why}" for i, why in sorted(reasons.items()))
-            fix = (f"{ALLOW_BUSY_FLAG} takes busy ones too" if not allow_busy and len(usable) < len(offered) - len(held)
-                   else "")
-            fewer = "fewer processes (--nproc-per-node)" if count else ""
-            raise GpuRefused(node, f"{need or 1} GPU(s) needed, {len(idle)} of {len(offered)} idle ({others}); "
-                                   + (" or ".join(w for w in (fix, fewer) if w) or "free them or list others"))
+            fixes = [f"{ALLOW_BUSY_FLAG} takes busy ones too" if not allow_busy and len(usable) < len(offered)
+                     - len([i for i in offered if i in held]) else "",
+                     "ask for fewer processes (--nproc-per-node)" if count and usable else ""]
+            wanted = f"{need} GPU(s) needed" if need else "no idle GPU"
+            raise GpuRefused(node, f"{wanted}, {len(idle)} of {len(offered)} idle ({others}); "
+                                   + (", or ".join(w for w in fixes if w) or "wait for them or list other GPUs"))
         if need == len(usable):
             chosen = tuple(usable)
             if count is not None:

@@ -100,9 +100,19 @@ def test_too_few_idle_gpus_is_refused_with_what_each_other_is_doing(smi: Path) -
     with pytest.raises(GpuRefused) as refused:
         choose(h100x8(smi), count=8)
     assert str(refused.value) == ("gpu01: 8 GPU(s) needed, 7 of 8 idle (GPU 1 busy: pid 3999999 /app/llama-server, "
-                                  "45652 MiB); --allow-busy-gpus takes busy ones too or fewer processes "
+                                  "45652 MiB); --allow-busy-gpus takes busy ones too, or ask for fewer processes "
                                   "(--nproc-per-node)")
     assert choose(h100x8(smi), count=8, allow_busy=True).gpus == tuple(range(8))
+
+
+def test_a_node_with_no_idle_gpu_says_what_each_is_doing() -> None:
+    facts = idle_node("4gpu_pcie_nic_legend.txt", 2)
+    facts = NodeGpus(facts.node, tuple(GpuUse(g.index, g.uuid, g.name, 70000, 81920, 99) for g in facts.gpus),
+                     topology=facts.topology)
+    with pytest.raises(GpuRefused, match=r"^gpu02: no idle GPU, 0 of 2 idle \(GPU 0 busy: 70000 of 81920 MiB in use by "
+                                         r"processes nvidia-smi does not list; GPU 1 busy: .*\); --allow-busy-gpus "
+                                         r"takes busy ones too$"):
+        choose(facts)
 
 
 def test_a_run_does_not_count_its_own_processes_as_busy() -> None:
