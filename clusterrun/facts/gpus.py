@@ -176,7 +176,7 @@ def parse(node: str, raw: Mapping[str, Any] | None) -> NodeGpus | None:
     if isinstance(text, str):
         try:
             topology = topo.parse(text)
-        except ParseError as exc:
+        except (ParseError, ValueError, IndexError) as exc:  # whatever a broken matrix makes of the parser: a line
             problems.append(f"{node}: nvidia-smi topo -m did not parse ({exc})")
     elif gpus:
         problems.append(f"{node}: nvidia-smi topo -m failed: {raw.get('topo_error') or 'no output'}")
