@@ -68,6 +68,18 @@ def test_four_ranks_take_the_idle_socket_and_run_on_its_cpus(sim_cluster: SimClu
             "pid 3999999 /app/llama-server, 45652 MiB") in err
 
 
+def test_plan_probe_says_which_gpus_and_why(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    python = python_on_gpu_node(tmp_path, "h100x8_one_busy")
+    inv = write_inventory(sim_cluster, tmp_path / "inventory.yaml", 1, python=str(python))
+    (tmp_path / "placed.py").write_text(PLACED)
+    done = run_clusterrun("plan", "--probe", "--json", "--nproc-per-node", "4", str(inv), "placed.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["probed"][0].startswith("node0: GPUs 4-7 for 4 process(es): one NVLink island (NV18), one NUMA node")
+    assert plan["nodes"][0]["gpus"] == [4, 5, 6, 7]
+    assert plan["nodes"][0]["env"]["CLUSTERRUN_CPU_BIND"] == ";".join([f"{numa_cpu(1)}/1"] * 4)
+
+
 def test_a_busy_gpu_named_in_the_inventory_is_refused_before_anything_starts(sim_cluster: SimCluster,
                                                                              tmp_path: Path) -> None:
     python = python_on_gpu_node(tmp_path, "h100x8_one_busy")
