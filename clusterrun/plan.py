@@ -28,6 +28,8 @@ RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 RESTART_COUNT_VAR = "CLUSTERRUN_RESTART_COUNT"
 #: How many times clusterrun may restart the job (``--max-restarts``): the workers see it as TORCHELASTIC_MAX_RESTARTS.
 MAX_RESTARTS_VAR = "CLUSTERRUN_MAX_RESTARTS"
+#: Each local rank's CPUs and memory node (``0-51/0;0-51/0;52-103/1``), applied as the rank starts (stackhook.py).
+CPU_BIND_VAR = "CLUSTERRUN_CPU_BIND"
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class JobSpec:
     attempt: int = 0  # clusterrun's restarts so far: each attempt has its own directory on the nodes
     restarts: int = 0  # how many times clusterrun may restart the job (``--max-restarts``, run.max_restarts)
     rank_order: str | None = None  # ``--rank-order``: inventory or label:KEY (None: network.rank_order)
+    cpu_bind: str = "numa"  # "numa": each rank on its GPU's NUMA node (where the node's topology says); "none"
+    allow_busy_gpus: bool = False  # a listed GPU that is busy is used anyway (``--allow-busy-gpus``)
 
 
 @dataclass(frozen=True)
@@ -248,10 +252,13 @@ def _paths(inv: Inventory, node: Node, job: JobSpec) -> tuple[str, str, str]:
     return run_dir, script, workdir or posixpath.join(run_dir, "code")
 
 
-def _env(inv: Inventory, index: int, node: Node, ctx: RuleContext, job: JobSpec) -> tuple[EnvVar, ...]:
+def _env(inv: Inventory, index: int, node: Node, ctx: RuleContext, job: JobSpec,
+         gpu_env: tuple[EnvVar, ...] = ()) -> tuple[EnvVar, ...]:
     merged: dict[str, EnvVar] = {}
     for key, value, rule in rule_env(ctx):
         merged[key] = EnvVar(key, value, f"rule:{rule}")
+    for var in gpu_env:  # from the node's GPU facts (the GPU choice, the CPU binding); the user's env wins
+        merged[var.name] = var
     for key, value in inv.defaults.env.items():
         merged[key] = EnvVar(key, value, "defaults.env")
     for key, value in node.env.items():
@@ -266,8 +273,9 @@ def _env(inv: Inventory, index: int, node: Node, ctx: RuleContext, job: JobSpec)
 
 
 def build_plan(inv: Inventory, job: JobSpec, ssh_addresses: Mapping[str, str] | None = None,
-               probed: tuple[str, ...] = ()) -> LaunchPlan:
-    """Compute the launch plan. Pure. Raises :class:`PlanError` when the job does not fit the inventory."""
+               probed: tuple[str, ...] = (), gpu_env: Mapping[str, tuple[EnvVar, ...]] | None = None) -> LaunchPlan:
+    """Compute the launch plan. Pure. ``gpu_env``: per node, the variables its GPU facts give (see
+    :mod:`clusterrun.launch.replan`). Raises :class:`PlanError` when the job does not fit the inventory."""
     data: DataNetwork = resolve_data_network(inv, ssh_addresses)
     ordered, order_words = _ordered(inv, job.rank_order or inv.network.rank_order)
     master_node = ordered[0][1]
@@ -306,7 +314,8 @@ def build_plan(inv: Inventory, job: JobSpec, ssh_addresses: Mapping[str, str] | 
         nodes.append(NodePlan(
             name=node.name, host=node.host, transport=inv.transport_of(node), node_rank=rank,
             nproc_per_node=nproc, rank_offset=offset, gpus=tuple(node.gpus), python=python, argv=argv,
-            cwd=cwd, run_dir=run_dir, script=script, env=_env(inv, index, node, ctx, job),
+            cwd=cwd, run_dir=run_dir, script=script,
+            env=_env(inv, index, node, ctx, job, (gpu_env or {}).get(node.name, ())),
             data_nic=path.nic, data_address=path.address,
         ))
         offset += nproc

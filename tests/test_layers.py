@@ -1,7 +1,7 @@
 """The package's layers: imports only run down, and code that runs on the nodes lives in clusterrun/remote/.
 
 From the bottom: errors and remote (node-side programs), inventory (models and loaders), facts (parsers of
-tool output, a node's NICs, log hints), plan/nccl/network (pure planning), transport, runs (the run record)
+tool output, a node's NICs, log hints), plan/nccl/network/gpuchoice (pure planning), transport, runs (the run record)
 and notify (webhooks), agents (clusterrun's side of the node agent: its specs, starting it, collect and sweep),
 launch (`up`), ops (exec, down, logs, init), doctor, report (the HTML pages of runs and doctor rounds), cli. A module may import its own layer and those below,
 at the top of the file or inside a function alike.
@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"errors", "remote", "redact"},
     {"inventory"},
     {"facts"},
-    {"plan", "nccl", "network"},
+    {"plan", "nccl", "network", "gpuchoice"},
     {"transport"},
     {"runs", "notify"},
     {"agents"},

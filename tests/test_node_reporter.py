@@ -99,7 +99,8 @@ def up_reading(name: str, output: str) -> tuple[ProbedNode, list[Nic]]:
     """What `up` makes of the report: the ready check's facts (as the agent sends them), and the NICs a
     hosts-only inventory gets from them."""
     raw = json.loads(output.split(" ", 1)[1])
-    probed = ProbedNode(name, "3.12", "2.5.0", net=raw["net"], ssh_address="192.0.2.10", gpus=raw["gpus"])
+    probed = ProbedNode(name, "3.12", "2.5.0", net=raw["net"], ssh_address="192.0.2.10", gpus=raw["gpus"],
+                        gpu=raw.get("gpu"))
     facts, unknown, _ = read_facts({name: probed})
     assert not unknown
     return probed, list(reconcile(hosts_only(name), facts).inventory.nodes[0].nics)
@@ -172,7 +173,7 @@ def test_ib_port_reads_the_same_verdict_from_sysfs_as_from_ibstat(tmp_path: Path
     assert "mlx5_0 1 " in sysfs_port.evidence[0].output
 
 
-@pytest.mark.parametrize(("visible", "gpus"), [(None, [0, 1, 2, 3]), ("2,3", [0, 1]), ("-1", [])],
+@pytest.mark.parametrize(("visible", "gpus"), [(None, [0, 1, 2, 3]), ("2,3", [2, 3]), ("-1", [])],
                          ids=["all", "cuda-visible-devices", "hidden"])
 def test_doctor_and_up_give_a_one_liner_the_same_gpus(tmp_path: Path, visible: str | None, gpus: list[int]) -> None:
     output = run_reporter(tmp_path, sysfs_tree(tmp_path / "sys", [], {}), "addr_host.json", smi=True, visible=visible)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpunodes import python_on_gpu_node
 from simcluster import SimCluster
 from simjobs import WORKER, reports, run_clusterrun, the_run, write_inventory
 
@@ -119,20 +120,6 @@ def test_init_writes_an_inventory_that_up_runs(sim_cluster: SimCluster, tmp_path
     assert "from the node" not in up.stderr  # the inventory already said everything
 
 
-def python_with_gpus(tmp_path: Path) -> Path:
-    """An interpreter for the nodes whose PATH starts with a stand-in nvidia-smi replaying a real 4 x H200 recording
-    (tests/standins/nvidia_smi.py), as a site's environment module would put the real one there."""
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    smi = tools / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'standins' / 'nvidia_smi.py'} \"$@\"\n")
-    smi.chmod(0o755)
-    python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nPATH={tools}:$PATH exec {sys.executable} \"$@\"\n")
-    python.chmod(0o755)
-    return python
-
-
 GPU_WORKER = """
 import json, os
 keys = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")
@@ -141,9 +128,9 @@ print("REPORT " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
 
 
 def test_without_gpus_given_every_gpu_a_node_sees_gets_a_process(sim_cluster: SimCluster, tmp_path: Path) -> None:
-    """The nodes' nvidia-smi is a stand-in replaying a real 4 x H200 recording (tests/standins/nvidia_smi.py); the
+    """The nodes' nvidia-smi is a stand-in replaying 4 idle H200s (tests/fixtures/gpu_nodes/h200x4_idle); the
     interpreter the one-liner names puts it first on the PATH, as a site's environment module would."""
-    python = python_with_gpus(tmp_path)
+    python = python_on_gpu_node(tmp_path, "h200x4_idle")
     cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
     ips = ",".join(n.mgmt_ip for n in sim_cluster.nodes[:2])
     (tmp_path / "gpu_worker.py").write_text(GPU_WORKER)
@@ -157,7 +144,7 @@ def test_without_gpus_given_every_gpu_a_node_sees_gets_a_process(sim_cluster: Si
 
 
 def test_plan_probe_shows_the_gpus_up_will_use(sim_cluster: SimCluster, tmp_path: Path) -> None:
-    python = python_with_gpus(tmp_path)
+    python = python_on_gpu_node(tmp_path, "h200x4_idle")
     cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
     plan = plan_json(tmp_path, "--probe", "--ips", sim_cluster.nodes[0].mgmt_ip, "--ssh-config", str(cfg),
                      "--python", str(python))
@@ -165,7 +152,7 @@ def test_plan_probe_shows_the_gpus_up_will_use(sim_cluster: SimCluster, tmp_path
 
 
 def test_init_lists_the_gpus_up_counts(sim_cluster: SimCluster, tmp_path: Path) -> None:
-    python = python_with_gpus(tmp_path)
+    python = python_on_gpu_node(tmp_path)  # the recorded 4 x H200, busy: init lists what the node has
     cfg = ip_ssh_config(sim_cluster, tmp_path / "ssh_config")
     done = run_clusterrun("init", "--ips", sim_cluster.nodes[0].mgmt_ip, "--ssh-config", str(cfg), "--python",
                           str(python), cwd=tmp_path)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clusterrun import remote
-from clusterrun.plan import NodePlan
+from clusterrun.plan import CPU_BIND_VAR, NodePlan
 from clusterrun.remote import protocol
 
 Spec = dict[str, Any]
@@ -28,6 +28,7 @@ def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: fl
     ``load_every``: seconds between CPU reports (0: none); ``watch_interval``: the data-path watch on the node's
     data address (None: no watch).
     """
+    binds = CPU_BIND_VAR in node.env_dict()
     watch = None
     if watch_interval is not None:
         watch = {"address": node.data_address, "nic": node.data_nic, "interval": watch_interval,
@@ -45,7 +46,8 @@ def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: fl
         "run_dir": node.run_dir,
         "grace": grace,
         "heartbeat_timeout": heartbeat_timeout,
-        "stacks": {"hook": remote.source("stackhook"), "flight": flight} if stacks else None,
+        # The workers' hook: stacks (hang diagnosis, restarts), and the CPU binding of each rank.
+        "stacks": {"hook": remote.source("stackhook"), "flight": flight} if stacks or binds else None,
         "load_every": load_every,
         "watch": watch,
         "gpus": list(node.gpus),

@@ -51,6 +51,21 @@ def job_options(func: F) -> F:
     return source_options(func)
 
 
+def gpu_options(func: F) -> F:
+    """How the nodes' GPUs are taken and the ranks bound (`plan --probe` and `up`, which read the nodes' GPUs)."""
+    options = [
+        click.option("--cpu-bind", type=click.Choice(["numa", "none"]), default=None,
+                     help="numa: each rank runs on the CPUs and memory node of its GPU's NUMA node, as nvidia-smi "
+                     "topo -m gives them; none: no binding (default: numa; inventory run.cpu_bind)."),
+        click.option("--allow-busy-gpus", is_flag=True,
+                     help="Use listed GPUs even when another process uses them (refused by default: one busy GPU "
+                     "slows every rank of the job), and busy ones when too few are idle."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def split_targets(targets: tuple[str, ...], sources: dict[str, Any],
                   this_machine: bool = False) -> tuple[Path | None, str, tuple[str, ...]]:
     """(INVENTORY or None, SCRIPT, ARGS) from the positional arguments. ``this_machine``: the command line names
@@ -91,7 +106,8 @@ def forwarded_env(patterns: tuple[str, ...], environ: dict[str, str] | None = No
 def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...], *, module: bool,
               nproc_per_node: int | None, master_port: int | None, env: tuple[str, ...],
               runs_dir: Path, sync_dir: Path | None = None, env_forward: tuple[str, ...] = (),
-              sources: dict[str, Any] | None = None, rank_order: str | None = None) -> tuple[Any, Any]:
+              sources: dict[str, Any] | None = None, rank_order: str | None = None, cpu_bind: str | None = None,
+              allow_busy_gpus: bool = False) -> tuple[Any, Any]:
     """Load the nodes and make the plan: returns (inventory, LaunchPlan). Raises ClusterrunError."""
     from clusterrun.errors import UsageError
     from clusterrun.inventory.hostspec import parse_env_assignments
@@ -118,6 +134,7 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
         nproc_per_node=nproc_per_node, master_port=master_port, env=tuple(env_vars.items()),
         local_runs_dir=str(runs_dir.resolve()), local_cwd=os.getcwd(),
         sync_dir=str(sync_dir.resolve()) if sync_dir else None, rank_order=_rank_order(rank_order),
+        cpu_bind=cpu_bind or inv.run.cpu_bind, allow_busy_gpus=allow_busy_gpus,
     )
     return inv, build_plan(inv, job)
 
@@ -175,9 +192,11 @@ def with_job(func: F) -> F:
         ctx = click.get_current_context(silent=True)
         this_machine = bool(ctx is not None and ctx.meta.get(LOCAL_KEY))
         inventory, script, script_args = split_targets(targets, sources, this_machine)
+        cpu_bind, allow_busy_gpus = rest.pop("cpu_bind", None), rest.pop("allow_busy_gpus", False)
         inv, plan = build_job(inventory, script, script_args, module=module, nproc_per_node=nproc_per_node,
                               master_port=master_port, env=env, runs_dir=runs_dir, sync_dir=sync_dir,
-                              env_forward=env_forward, sources=sources, rank_order=rank_order)
+                              env_forward=env_forward, sources=sources, rank_order=rank_order, cpu_bind=cpu_bind,
+                              allow_busy_gpus=allow_busy_gpus)
         return func(inv=inv, plan=plan, runs_dir=runs_dir, **rest)
 
     return wrapper  # type: ignore[return-value]

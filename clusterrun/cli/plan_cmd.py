@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from clusterrun.cli.job_argv import JobCommand
-from clusterrun.cli.job_options import JOB_CONTEXT, job_options, with_job
+from clusterrun.cli.job_options import JOB_CONTEXT, gpu_options, job_options, with_job
 
 
 @click.command(
@@ -23,6 +23,7 @@ Examples:
   clusterrun plan --nproc-per-node 4 -e NCCL_DEBUG=INFO cluster.yaml -m mypkg.train""",
 )
 @job_options
+@gpu_options
 @click.option("--probe", is_flag=True, help="Connect to the nodes and complete the plan with their NICs and GPUs "
               "(what `up` does); values that came from the nodes are marked.")
 @with_job

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from clusterrun.cli.job_argv import JobCommand
-from clusterrun.cli.job_options import JOB_CONTEXT, job_options, with_job
+from clusterrun.cli.job_options import JOB_CONTEXT, gpu_options, job_options, with_job
 from clusterrun.remote import protocol
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 124 when it ran past --timeout, 130 after Ctrl-C.""",
 )
 @job_options
+@gpu_options
 @click.option("--dry-run", is_flag=True, help="Print the plan (as `clusterrun plan` does) and run nothing.")
 @click.option("--ranks", metavar="LIST", help="Show only these global ranks' output, e.g. 0 or 0,8 (all are logged).")
 @click.option("-q", "--quiet", is_flag=True, help="Show no rank output, only clusterrun's messages and the summary.")

@@ -76,7 +76,7 @@ def facts_command(python: str) -> str:
     return (f"if command -v {py} >/dev/null 2>&1 || [ -x {py} ]; then P={py}; "
             "elif command -v python3 >/dev/null 2>&1; then P=python3; "
             f"else echo 'python: not installed'; exit {MISSING}; fi; "
-            f"\"$P\" -c {shlex.quote(remote.source('nodefacts'))}")
+            f"\"$P\" -c {shlex.quote(remote.program('nodefacts'))}")
 
 
 def probe_script(python: str, sections: Mapping[str, str] = SECTIONS, path: tuple[str, ...] = ()) -> str:

@@ -10,11 +10,12 @@ nodes nobody listed GPUs for the ones the reporter counted (:func:`complete_gpus
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.errors import ParseError
+from clusterrun.facts import gpus as gpu_facts
 from clusterrun.facts.parsers import ibstat, ip
 from clusterrun.inventory.models import Inventory
 
@@ -90,6 +91,13 @@ class NodeReport:
     rdma: tuple[RdmaPort, ...] = ()
     gpus: int | None = None  # the NVIDIA GPUs a process started there sees (None: not reported)
     gpu_model: str | None = None  # nvidia-smi's name of the first
+    gpu: gpu_facts.NodeGpus | None = None  # each GPU's use and topology (None: no nvidia-smi there)
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...] | None:
+        """The physical indices of the GPUs a process started there may use (the node's CUDA_VISIBLE_DEVICES
+        counts); 0..N-1 of the count when nvidia-smi could not list them; None when not reported."""
+        return gpu_facts.offered_indices(self.gpu, self.gpus)
 
     @property
     def ip_ran(self) -> bool:
@@ -140,7 +148,7 @@ def parse_report(node: str, raw: Mapping[str, Any]) -> NodeReport:
     return NodeReport(node, interfaces, text, error,
                       {str(k): int(v) for k, v in speeds.items() if isinstance(v, int)},
                       tuple(_port(p) for p in net.get("rdma") or ()), gpus if isinstance(gpus, int) else None,
-                      model if isinstance(model, str) and model else None)
+                      model if isinstance(model, str) and model else None, gpu_facts.parse(node, raw.get("gpu")))
 
 
 def parse_output(node: str, text: str) -> NodeReport:
@@ -177,10 +185,20 @@ class ProbedNode:
     leases: dict[str, Any] | None = None  # the GPUs other runs hold there, raw (see facts.leases)
     master_port: int | None = None  # the master port the node chose and leased (the ready check of rank 0)
     topology_addr: str | None = None  # SLURM_TOPOLOGY_ADDR there (in a Slurm step): "s0.s2.node07"
+    gpu: dict[str, Any] | None = None  # the reporter's ``gpu``, raw (see clusterrun.facts.gpus)
 
     def report(self) -> NodeReport:
         """Raises :class:`ParseError` when the node's report is not shaped as the reporter writes it."""
-        return parse_report(self.node, {"net": self.net or {}, "gpus": self.gpus, "gpu_model": self.gpu_model})
+        return parse_report(self.node, {"net": self.net or {}, "gpus": self.gpus, "gpu_model": self.gpu_model,
+                                        "gpu": self.gpu})
+
+    def gpu_facts(self) -> gpu_facts.NodeGpus | None:
+        """Each GPU's use and topology as the node reported them; None without nvidia-smi there."""
+        return gpu_facts.parse(self.node, self.gpu)
+
+    def gpu_indices(self) -> tuple[int, ...] | None:
+        """The physical indices of the GPUs a process there may use (see :attr:`NodeReport.gpu_indices`)."""
+        return gpu_facts.offered_indices(self.gpu_facts(), self.gpus)
 
 
 def read_facts(nodes: Mapping[str, ProbedNode]) -> tuple[dict[str, NetFacts], list[str], dict[str, str]]:
@@ -198,22 +216,24 @@ def read_facts(nodes: Mapping[str, ProbedNode]) -> tuple[dict[str, NetFacts], li
     return facts, unknown, {name: r.ssh_address for name, r in nodes.items() if r.ssh_address}
 
 
-def complete_gpus(inv: Inventory, counts: Mapping[str, int | None], nproc_given: bool) -> tuple[Inventory, list[str]]:
+def complete_gpus(inv: Inventory, offered: Mapping[str, Sequence[int] | None],
+                  nproc_given: bool) -> tuple[Inventory, list[str]]:
     """Nodes whose GPUs nobody listed (a one-liner without --gpus, an inventory node without ``gpus``) and whose
-    process count nobody set (``nproc_given``: a command-line count) get every GPU the node sees (``counts``, the
-    reporter's), one process each, as ``torchrun --nproc-per-node gpu`` does. Returns the inventory so completed
-    and a line per node that was."""
+    process count nobody set (``nproc_given``: a command-line count) get every GPU the node sees (``offered``: the
+    physical indices the reporter found, :attr:`NodeReport.gpu_indices`), one process each, as ``torchrun
+    --nproc-per-node gpu`` does. Returns the inventory so completed and a line per node that was."""
     if nproc_given or inv.defaults.nproc_per_node is not None:
         return inv, []
     nodes, found = [], []
     for node in inv.nodes:
-        count = counts.get(node.name)
-        if node.gpus or node.nproc_per_node is not None or not count:
-            if count == 0 and "gpus" not in node.model_fields_set and node.nproc_per_node is None:
+        indices = offered.get(node.name)
+        if node.gpus or node.nproc_per_node is not None or not indices:
+            if indices is not None and not indices and "gpus" not in node.model_fields_set \
+                    and node.nproc_per_node is None:
                 found.append(f"{node.name}: no GPU seen: one CPU process (--nproc-per-node for more)")
             nodes.append(node)
             continue
-        nodes.append(node.model_copy(update={"gpus": list(range(count))}))
-        found.append(f"{node.name}: {count} GPU(s) seen, one process each (gpus: 0-{count - 1})")
+        nodes.append(node.model_copy(update={"gpus": list(indices)}))
+        found.append(f"{node.name}: {len(indices)} GPU(s) seen, one process each (gpus: {gpu_facts.span(indices)})")
     changed = any(a is not b for a, b in zip(nodes, inv.nodes, strict=True))
     return (inv.model_copy(update={"nodes": nodes}) if changed else inv), found

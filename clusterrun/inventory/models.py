@@ -186,7 +186,7 @@ class Network(_Model):
 
 
 class RunSettings(_Model):
-    """How `up` watches a run while it trains; a flag on the command line wins over each."""
+    """How `up` runs and watches a job; a flag on the command line wins over each."""
 
     path_watch: bool = Field(default=True, description="the nodes check the job's data paths with UDP probes")
     on_path_loss: Literal["stop", "warn"] = Field(default="stop", description="what a dead data path does")
@@ -202,6 +202,9 @@ class RunSettings(_Model):
                                   "(default: every node is needed)")
     restart_backoff: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = Field(
         default=5.0, description="seconds before the first restart, doubling for each further one (at most 60)")
+    cpu_bind: Literal["numa", "none"] = Field(
+        default="numa", description="numa: each rank runs on the CPUs and memory node of its GPU's NUMA node (where "
+                                    "nvidia-smi topo -m says them); none: where the system puts it")
 
 
 def _gpus_from_count(value: object) -> object:

@@ -162,6 +162,7 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
     return NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
                      ssh_address=transport.peer_address(), gpus=report.get("gpus"), leases=report.get("leases"),
                      master_port=report.get("master_port"), topology_addr=report.get("topology_addr"),
+                     gpu=report.get("gpu"),
                      link=link), set(report["missing"])
 
 

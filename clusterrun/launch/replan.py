@@ -10,13 +10,14 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from clusterrun import remote
+from clusterrun import gpuchoice, remote
 from clusterrun.errors import ClusterrunError, GpusLeased, PlanError, StartError
-from clusterrun.facts.leases import held_gpus, spare_leased_gpus
+from clusterrun.facts.gpus import span
+from clusterrun.facts.leases import WAIT_HINT, held_gpus, spare_leased_gpus
 from clusterrun.facts.nics import reconcile
 from clusterrun.facts.node import LINE, ProbedNode, complete_gpus, read_facts
 from clusterrun.inventory.models import Inventory
-from clusterrun.plan import JobSpec, LaunchPlan, NodePlan, build_plan
+from clusterrun.plan import CPU_BIND_VAR, EnvVar, JobSpec, LaunchPlan, NodePlan, build_plan
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import on_every_node
 
@@ -24,6 +25,9 @@ MAX_BACKOFF = 60.0
 
 MISMATCH_HINT = ("the inventory and the nodes disagree: fix the inventory (or the node); `clusterrun doctor "
                  "<inventory> --checks nic` shows every NIC; no node was started")
+GPU_HINT = "no node was started; `clusterrun plan --probe` shows each node's GPUs (docs/gpus.md: how they are chosen)"
+#: Held GPUs of each node: GPU index -> the run that holds it (see gpuchoice.choose).
+Held = Mapping[str, Mapping[int, str]]
 
 
 def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, ProbedNode]:
@@ -39,7 +43,7 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, P
             raise ClusterrunError(f"probing with {node.python} failed (exit {res.exit_code}): {res.tail(2) or 'no output'}")
         facts = json.loads(line[len(LINE):])
         return ProbedNode(node.name, net=facts.get("net"), ssh_address=transports[node.name].peer_address(),
-                          gpus=facts.get("gpus"), gpu_model=facts.get("gpu_model"))
+                          gpus=facts.get("gpus"), gpu_model=facts.get("gpu_model"), gpu=facts.get("gpu"))
 
     out, problems = on_every_node(plan.nodes, lambda n: n.name, one, "facts")
     if problems:
@@ -50,16 +54,16 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, P
 def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, list[str]]:
     """The inventory with every GPU each node sees where nobody listed its GPUs or set its process count (see
     :func:`clusterrun.facts.node.complete_gpus`), and a line per node that was completed."""
-    return complete_gpus(inv, {name: r.gpus for name, r in ready.items()}, plan.job.nproc_per_node is not None)
+    return complete_gpus(inv, {name: r.gpu_indices() for name, r in ready.items()}, plan.job.nproc_per_node is not None)
 
 
-def with_free_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, list[str]]:
-    """The inventory with every GPU each node sees where nobody listed its GPUs (:func:`with_found_gpus`), none
-    of them leased by another run (:func:`clusterrun.launch.leased.spare_leased_gpus`), and a line per node so
+def with_free_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode],
+                   held: Held) -> tuple[Inventory, list[str]]:
+    """For the nodes whose nvidia-smi did not describe their GPUs: the inventory with every GPU each node sees
+    where nobody listed its GPUs (:func:`with_found_gpus`), none of them leased by another run (``held``) (:func:`clusterrun.launch.leased.spare_leased_gpus`), and a line per node so
     completed. Raises :class:`GpusLeased` naming each node, GPU and holder where the run cannot have the GPUs it
     needs."""
     completed, found = with_found_gpus(inv, plan, ready)
-    held = held_gpus({name: r.leases for name, r in ready.items() if r.leases}, plan.run_id)
     completed, spared, leased = spare_leased_gpus(inv, completed, plan.job.nproc_per_node,
                                                   {name: r.gpus for name, r in ready.items()}, held)
     if leased:
@@ -97,31 +101,97 @@ def with_slurm_topology(inv: Inventory, job: JobSpec, ready: Mapping[str, Probed
     return inv.model_copy(update={"nodes": nodes}), dataclasses.replace(job, rank_order=f"label:{SLURM_SWITCH}")
 
 
+def _binding_line(node: str, choice: gpuchoice.GpuChoice) -> str:
+    groups: dict[str, list[int]] = {}
+    for gpu, bound in zip(choice.gpus, choice.bindings, strict=True):
+        if bound is not None:
+            where = f"CPUs {gpuchoice.cpu_list(bound.cpus)}" + ("" if bound.numa is None else f", NUMA node {bound.numa}")
+            groups.setdefault(where, []).append(gpu)
+    return f"{node}: each rank on its GPU's CPUs (--cpu-bind numa): " + "; ".join(
+        f"GPU {span(gpus)} on {where}" for where, gpus in groups.items())
+
+
+def choose_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode],
+                held: Held) -> tuple[Inventory, list[str], list[str], dict[str, tuple[EnvVar, ...]]]:
+    """Each node's GPUs from what it reported (:func:`clusterrun.gpuchoice.choose`): the inventory with them, a line
+    per node saying which and why, warnings, and the variables they give each node (CUDA_DEVICE_ORDER, the CPU
+    binding). A node without nvidia-smi, or whose nvidia-smi failed, is left as it was (a warning says so).
+    Raises :class:`StartError` naming every node that cannot give the run its GPUs, :class:`GpusLeased` when
+    only GPUs other runs hold are in the way."""
+    job, planned = plan.job, {n.name for n in plan.nodes}
+    nodes, lines, warnings, env, refused = [], [], [], {}, {}
+    leased = True  # every refusal is of GPUs other runs hold: `up --wait-gpus` may wait for them
+    for node in inv.nodes:
+        facts = ready[node.name].gpu_facts() if node.name in ready and node.name in planned else None
+        if facts is None or not facts.gpus:
+            if facts is not None:
+                warnings += [*facts.problems, f"{node.name}: its GPUs could not be read: planned in plain order"]
+            nodes.append(node)
+            continue
+        count = job.nproc_per_node or node.nproc_per_node or inv.defaults.nproc_per_node
+        try:
+            choice = gpuchoice.choose(facts, listed=node.gpus, count=count, held=held.get(node.name, {}),
+                                      run_id=job.run_id, allow_busy=job.allow_busy_gpus, networked=plan.nnodes > 1)
+        except gpuchoice.GpuRefused as exc:
+            refused[node.name] = exc.reason
+            leased = leased and exc.leased
+            nodes.append(node)
+            continue
+        update: dict[str, object] = {"gpus": list(choice.gpus)}
+        if choice.node_env and count is None:
+            update["nproc_per_node"] = len(facts.mig)
+        nodes.append(node.model_copy(update=update))
+        lines += [choice.note] if choice.note else []
+        warnings += choice.warnings
+        # nvidia-smi numbers GPUs in PCI bus order; CUDA by default fastest first: the same order only on nodes
+        # with one GPU model. This makes CUDA_VISIBLE_DEVICES mean the GPUs chosen here on every node.
+        found = [EnvVar("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "clusterrun:gpu-choice")] if choice.gpus else []
+        bind = choice.cpu_bind() if job.cpu_bind == "numa" else None
+        if bind:
+            found.append(EnvVar(CPU_BIND_VAR, bind, "clusterrun:cpu-bind"))
+            lines.append(_binding_line(node.name, choice))
+        env[node.name] = tuple(found)
+    if refused:
+        if leased:
+            raise GpusLeased(refused, hint=f"no node was started; {WAIT_HINT}")
+        raise StartError(refused, hint=GPU_HINT)
+    return inv.model_copy(update={"nodes": nodes}), lines, warnings, env
+
+
 def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, LaunchPlan]:
-    """The inventory completed with the nodes' network facts and GPUs (those of nodes nobody listed them for,
-    none leased by another run: see :func:`with_free_gpus`), and the plan made from it with the master port the
-    master chose. A single node's NICs are not looked at (its ranks talk over loopback). Raises
-    :class:`StartError` naming each node whose listed NICs, addresses or RDMA ports are not what the node has,
-    :class:`GpusLeased` naming the GPUs other runs hold that this one needs.
+    """The inventory completed with the nodes' GPUs (:func:`choose_gpus`, clear of the GPUs other runs lease;
+    for nodes nvidia-smi could not describe, :func:`with_free_gpus`) and network facts, and the plan made from it
+    with the master port the master chose. A single node's NICs are not looked at (its ranks talk over loopback).
+    Raises :class:`StartError` naming each node that cannot give the run its GPUs, or whose listed NICs,
+    addresses or RDMA ports are not what the node has; :class:`GpusLeased` naming the GPUs other runs hold that
+    this one needs.
     """
     given = inv
-    inv, found = with_free_gpus(inv, plan, ready)
+    held = held_gpus({name: r.leases for name, r in ready.items() if r.leases}, plan.run_id)
+    inv, chosen, gpu_warnings, gpu_env = choose_gpus(inv, plan, ready, held)
+    inv, found = with_free_gpus(inv, plan, {n: r for n, r in ready.items() if n not in gpu_env}, held)
     job, port = with_master_port(plan, ready)
-    found += port
+    probed = (*chosen, *found, *port)
     if plan.nnodes < 2:
-        return inv, (dataclasses.replace(build_plan(inv, job), probed=(*plan.probed, *found))
-                     if found or inv is not given or job is not plan.job else plan)
+        if not probed and not gpu_warnings and not gpu_env and inv is given and job is plan.job:
+            return inv, plan
+        try:
+            new = build_plan(inv, job, probed=(*plan.probed, *probed), gpu_env=gpu_env)
+        except PlanError as exc:
+            raise StartError({"plan": str(exc)}, hint=GPU_HINT) from None
+        return inv, dataclasses.replace(new, warnings=(*new.warnings, *gpu_warnings))
     inv, job = with_slurm_topology(inv, job, ready)
     facts, unknown, ssh = read_facts(ready)
     result = reconcile(inv, facts)
     if result.problems:
         raise StartError(dict(result.problems), hint=MISMATCH_HINT)
     try:
-        new = build_plan(result.inventory, job, ssh_addresses=ssh, probed=(*found, *result.probed))
+        new = build_plan(result.inventory, job, ssh_addresses=ssh, probed=(*probed, *result.probed),
+                         gpu_env=gpu_env)
     except PlanError as exc:
         raise StartError({"plan": str(exc)}, hint=MISMATCH_HINT) from None
-    if unknown:
-        new = dataclasses.replace(new, warnings=(*new.warnings, *unknown))
+    if unknown or gpu_warnings:
+        new = dataclasses.replace(new, warnings=(*new.warnings, *gpu_warnings, *unknown))
     return result.inventory, new
 
 

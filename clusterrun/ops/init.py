@@ -26,9 +26,9 @@ class Gpus:
 
 
 def found_gpus(ready: Mapping[str, ProbedNode]) -> dict[str, Gpus]:
-    """Each node's GPUs as its reporter counted them (the count `up` uses: those a process there sees, so
+    """Each node's GPUs as its reporter found them (those a process there sees, by their physical indices, so
     CUDA_VISIBLE_DEVICES in the node's environment counts), with nvidia-smi's model name; none on a CPU node."""
-    return {name: Gpus(tuple(range(r.gpus or 0)), r.gpu_model if r.gpus else None) for name, r in ready.items()}
+    return {name: Gpus(tuple(r.gpu_indices() or ()), r.gpu_model if r.gpus else None) for name, r in ready.items()}
 
 
 def _rate(bits: int | None) -> str | None:

@@ -20,6 +20,7 @@ ready.py            the ready check before a launch: python, torch, run director
                     files, and the node's facts (below)
 nodefacts.py        the one reporter of a node's facts (NICs, RDMA ports, GPUs): for ``up``'s ready check,
                     ``plan --probe``, ``init`` and doctor
+gpufacts.py         its GPU part: nvidia-smi's GPUs, their processes and topology, each call bounded
 netprobe.py         doctor's network probes: listen, send, connect
 pyreport.py         doctor's report of the node's Python, torch, CUDA and NCCL (read from torch's files, not imported)
 allreduce_smoke.py  doctor's all-reduce, run under torchrun (needs torch)
@@ -59,8 +60,21 @@ def _packed(name: str) -> str:
 
 
 # What the agent imports, sent with it, in import order.
-AGENT_MODULES = ("protocol", "wire", "procs", "leases", "tailing", "pathwatch", "stacks", "flight", "nodefacts", "ready",
-                 "session", "job", "collect", "execmode")
+AGENT_MODULES = ("protocol", "wire", "procs", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
+                 "ready", "session", "job", "collect", "execmode")
+#: The modules a program other than the agent imports, sent with it when it goes inline.
+PROGRAM_MODULES = {"nodefacts": ("gpufacts",)}
+
+
+@lru_cache(maxsize=None)
+def program(name: str) -> str:
+    """The text ``python -c`` runs for program ``name``: its source, after the modules it imports registered
+    under the names it imports them by."""
+    lines = [f"import sys as _s,types as _t,zlib as _z,base64 as _b\n"
+             f"_m=_t.ModuleType({module!r});_s.modules[{module!r}]=_m\n"
+             f"exec(compile(_z.decompress(_b.b64decode({_packed(module)!r})),{module + '.py'!r},'exec'),_m.__dict__)\n"
+             for module in PROGRAM_MODULES.get(name, ())]
+    return "".join(lines) + source(name)
 
 
 #: Where a node keeps the agent's compiled code, by the code's hash and the interpreter's cache tag (relative
@@ -113,4 +127,4 @@ def argv(python: str, name: str, *args: object, inline: bool = True) -> list[str
         return [python, str(path(name)), *words]
     if name == "agent":
         return [python, "-c", _agent_loader(), *words]
-    return [python, "-c", source(name), *words]
+    return [python, "-c", program(name), *words]

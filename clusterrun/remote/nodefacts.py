@@ -7,8 +7,10 @@ says. Run as a program it prints one line ``CLUSTERRUN-FACTS <json>``::
     {"net": {"ip": <`ip -j addr show`>,            # or "ip_error": why it did not run
              "speeds": {interface: Mbit/s},          # /sys/class/net/*/speed
              "rdma": [{"hca", "port", "state", "phys_state", "link_layer", "rate", "netdevs"}]},
-     "gpus": <the NVIDIA GPUs a process started here sees>,
-     "gpu_model": <nvidia-smi's name of the first, or null>}
+     "gpus": <how many NVIDIA GPUs a process started here sees>,
+     "gpu_model": <nvidia-smi's name of the first, or null>,
+     "gpu": <each GPU's use, its processes, the topology and CUDA_VISIBLE_DEVICES: gpufacts.py; null without
+             nvidia-smi>}
 
 The RDMA ports are read from ``/sys/class/infiniband/<hca>/ports/<n>/`` as the kernel writes them
 (``state`` "4: ACTIVE", ``phys_state`` "5: LinkUp", ``rate`` "100 Gb/sec (2X HDR)"); "" where a file
@@ -18,9 +20,13 @@ cannot be read. ``--sys ROOT`` reads another tree than ``/sys`` (a recorded one,
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
+
+if __package__:
+    from clusterrun.remote import gpufacts
+else:
+    import gpufacts
 
 LINE = "CLUSTERRUN-FACTS "
 
@@ -66,23 +72,16 @@ def net_facts(sys_root="/sys", ip_argv=("ip", "-j", "addr", "show")):
     return net
 
 
-def _smi_gpus():
-    """(index, name) of each GPU by nvidia-smi (what the driver reports), or None when it is absent or fails."""
-    tool = shutil.which("nvidia-smi")
-    if tool is None:
+def _smi_gpus(gpu):
+    """(index, name) of each GPU by nvidia-smi (``gpu``: what gpufacts gathered), or None when it is absent or
+    failed."""
+    if gpu is None or gpu.get("query") is None:
         return None
-    try:
-        done = subprocess.run([tool, "--query-gpu=index,name", "--format=csv,noheader"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, universal_newlines=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    rows = [[cell.strip() for cell in line.split(",", 1)] for line in done.stdout.splitlines()]
-    return [(row[0], row[1] if len(row) > 1 else "") for row in rows if row[0].isdigit()]
+    rows = [[cell.strip() for cell in line.split(",")] for line in gpu["query"].splitlines()]
+    return [(row[0], row[2] if len(row) > 2 else "") for row in rows if row[0].isdigit()]
 
 
-def visible_gpus(root="/proc/driver/nvidia/gpus", environ=None, smi=_smi_gpus):
+def visible_gpus(root="/proc/driver/nvidia/gpus", environ=None, smi=None):
     """How many NVIDIA GPUs a process started here would see: nvidia-smi's list (the driver's directory of GPUs
     when nvidia-smi is absent), cut to as many as CUDA_VISIBLE_DEVICES names when it is set. 0 without a driver."""
     environ = os.environ if environ is None else environ
@@ -103,10 +102,11 @@ def visible_gpus(root="/proc/driver/nvidia/gpus", environ=None, smi=_smi_gpus):
 
 def report(sys_root="/sys"):
     """Everything this module knows about the node (see the module's docstring)."""
-    listed = _smi_gpus()
+    gpu = gpufacts.gather()
+    listed = _smi_gpus(gpu)
     gpus = visible_gpus(smi=lambda: listed)
     model = (listed[0][1] or None) if listed and gpus else None
-    return {"net": net_facts(sys_root), "gpus": gpus, "gpu_model": model}
+    return {"net": net_facts(sys_root), "gpus": gpus, "gpu_model": model, "gpu": gpu}
 
 
 def main(argv):
