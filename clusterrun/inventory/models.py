@@ -15,12 +15,12 @@ import sys
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from clusterrun.inventory.run_settings import RunSettings, _Model
 from clusterrun.inventory.types import (
     MAX_NODES,
-    MAX_TIMEOUT,
     EnvName,
     EnvValue,
     GpuIndex,
@@ -30,7 +30,6 @@ from clusterrun.inventory.types import (
     Port,
     Rate,
     Text,
-    _check_text,
     brief_repr,
     check_rank_order,
     control_character_problem,
@@ -43,8 +42,6 @@ Path = tuple[str | int, ...]
 DEFAULT_MASTER_PORT = 29500
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class NicKind(str, enum.Enum):
@@ -183,28 +180,6 @@ class Network(_Model):
     @property
     def data_subnet(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
         return ipaddress.ip_network(self.data) if "/" in self.data else None
-
-
-class RunSettings(_Model):
-    """How `up` runs and watches a job; a flag on the command line wins over each."""
-
-    path_watch: bool = Field(default=True, description="the nodes check the job's data paths with UDP probes")
-    on_path_loss: Literal["stop", "warn"] = Field(default="stop", description="what a dead data path does")
-    hang_timeout: Annotated[float, Field(ge=1, le=MAX_TIMEOUT, allow_inf_nan=False)] | None = Field(
-        default=None, description="seconds without output from any rank before every rank's stack is taken")
-    on_hang: Literal["wait", "stop"] = Field(default="wait", description="after the stacks of a hang")
-    notify: list[Annotated[str, Field(pattern=r"^https?://"), AfterValidator(_check_text)]] = Field(
-        default_factory=list, description="webhook URLs told of the start, the first failure and the end")
-    max_restarts: Annotated[int, Field(ge=0, le=100)] = Field(
-        default=0, description="after a failure, start the job again up to this many times")
-    min_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] | None = Field(
-        default=None, description="with restarts, leave a lost node out as long as this many nodes remain "
-                                  "(default: every node is needed)")
-    restart_backoff: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = Field(
-        default=5.0, description="seconds before the first restart, doubling for each further one (at most 60)")
-    cpu_bind: Literal["numa", "none"] = Field(
-        default="numa", description="numa: each rank runs on the CPUs and memory node of its GPU's NUMA node (where "
-                                    "nvidia-smi topo -m says them); none: where the system puts it")
 
 
 def _gpus_from_count(value: object) -> object:
