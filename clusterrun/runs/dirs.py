@@ -18,7 +18,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -38,7 +38,10 @@ def new_run_id(now: float | None = None) -> str:
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str, smaller: Callable[[], str] | None = None) -> None:
+    """Write ``text`` to ``path`` whole or not at all. On a full disk, where ``path`` exists, it is written over in
+    the space the file already holds (a run's last status must land): ``smaller()`` (the same content, compact)
+    when ``text`` does not fit there; when neither fits, the file keeps what it had and the error is raised."""
     # Write beside, then rename: a reader (or a crash) never sees half a file. Only the user reads it (0600).
     tmp = path.with_name(f".{path.name}.tmp")
     data = text.encode("utf-8")
@@ -52,8 +55,12 @@ def atomic_write(path: Path, text: str) -> None:
             tmp.unlink()
         if exc.errno not in DISK_FULL or not path.exists():
             raise
-        # The disk is full: write over the file in the space it already holds (a run's last status must land).
         with open(path, "r+b") as fh:
+            room = os.fstat(fh.fileno()).st_blocks * 512  # the blocks the file holds: writing there needs no more
+            if len(data) > room and smaller is not None:
+                data = smaller().encode("utf-8")
+            if len(data) > room:
+                raise
             fh.write(data)
             fh.truncate()
 
@@ -91,7 +98,8 @@ class RunDir:
     def write_json(self, name: str, data: Mapping[str, Any]) -> None:
         if name == "status.json":
             raise ValueError("status.json is written by clusterrun.runs.record.write_record only")
-        atomic_write(self.path / name, json.dumps(data, indent=2, sort_keys=False) + "\n")
+        atomic_write(self.path / name, json.dumps(data, indent=2, sort_keys=False) + "\n",
+                     smaller=lambda: json.dumps(data, separators=(",", ":")) + "\n")
 
     def read_plan(self) -> LaunchPlan:
         from clusterrun.plan import LaunchPlan

@@ -256,7 +256,9 @@ class RunRecord:
 
 def write_record(run: RunDir, record: RunRecord) -> RunRecord:
     """The one writer of status.json (atomic). Returns ``record``."""
-    atomic_write(run.path / STATUS, json.dumps(record.to_dict(), indent=2, sort_keys=False) + "\n")
+    data = record.to_dict()
+    atomic_write(run.path / STATUS, json.dumps(data, indent=2, sort_keys=False) + "\n",
+                 smaller=lambda: json.dumps(data, separators=(",", ":")) + "\n")
     return record
 
 
