@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"errors", "remote", "redact"},
     {"inventory"},
     {"facts"},
-    {"plan", "nccl", "network"},
+    {"plan", "nccl", "network", "container"},
     {"transport"},
     {"runs", "notify"},
     {"agents"},

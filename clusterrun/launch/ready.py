@@ -48,6 +48,7 @@ class NodeReady(ProbedNode):
     copied: list[str] = field(default_factory=list)
     stage: list[tuple[str, str, str]] = field(default_factory=list)  # (cache path, destination, kind)
     link: AgentLink | None = field(default=None, repr=False, compare=False)  # the node's agent, waiting for `go`
+    image_id: str | None = None  # the container image's id on the node (None: no container)
 
 
 def _sha256(path: Path) -> str:
@@ -115,7 +116,7 @@ def _no_python(link: AgentLink) -> bool:
 def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[StagedFile]) -> AgentLink:
     """Start the node's agent and send it the check (the answer is waited for later, with every node's)."""
     spec = check_spec(node.run_dir, cache=REMOTE_CACHE, hashes=[f.digest for f in staged],
-                      port=plan.master_port if node.node_rank == 0 else None)
+                      port=plan.master_port if node.node_rank == 0 else None, node=node)
     link = open_link(transport, node)
     link.check(spec)  # a closed stream shows as the end, when the answer is read
     return link
@@ -138,8 +139,10 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
     if report["problems"]:
         kind = NoTorch if report.get("no_torch") else NodeNotReady
         raise kind(node.name, "; ".join(report["problems"]))
-    return NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
-                     ssh_address=transport.peer_address(), gpus=report.get("gpus"), link=link), set(report["missing"])
+    found = NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
+                      ssh_address=transport.peer_address(), gpus=report.get("gpus"), link=link)
+    found.image_id = report.get("image_id")
+    return found, set(report["missing"])
 
 
 def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], missing: set[str]) -> NodeReady:
@@ -162,7 +165,7 @@ def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[s
     nodes = {node.name: node for node in plan.nodes}
     links, problems = on_every_node(plan.nodes, lambda n: n.name,
                                     lambda n: _ask(plan, n, transports[n.name], staged[n.name]), "preflight")
-    deadline = time.monotonic() + PREFLIGHT_TIMEOUT
+    deadline = time.monotonic() + PREFLIGHT_TIMEOUT + (_image_bound() if any(n.container for n in plan.nodes) else 0)
     ready: dict[str, NodeReady] = {}
     missing: dict[str, set[str]] = {}
     for name, link in links.items():
@@ -171,6 +174,8 @@ def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[s
         except ClusterrunError as exc:
             problems[name] = getattr(exc, "reason", str(exc))
             link.abort()
+    if not problems:
+        problems.update(image_problems(plan, ready))
     if not problems:
         _, copy_problems = on_every_node(
             [nodes[name] for name in ready], lambda n: n.name,
@@ -181,6 +186,39 @@ def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[s
         raise StartError({n.name: problems[n.name] for n in plan.nodes if n.name in problems},
                          hint="fix the above (`clusterrun plan` shows what each node would run); no node was started")
     return ready
+
+
+def _image_bound() -> float:
+    """Seconds a node's image check may add: each of its steps is bounded on the node (containers.py)."""
+    from clusterrun.remote import containers
+
+    return containers.PULL_TIMEOUT + containers.TORCH_TIMEOUT + 3 * containers.ASK_TIMEOUT
+
+
+def image_problems(plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> dict[str, str]:
+    """Per node, why its image is not the one the others run: one tag may name different images on different
+    nodes (pulled on different days), and ranks of different builds fail in ways that name neither."""
+    by_image: dict[str, dict[str, list[str]]] = {}
+    for node in plan.nodes:
+        got = ready.get(node.name)
+        if node.container is not None and got is not None and got.image_id:
+            by_image.setdefault(node.container.image, {}).setdefault(got.image_id, []).append(node.name)
+    problems: dict[str, str] = {}
+    for image, ids in by_image.items():
+        if len(ids) < 2:
+            continue
+        common = max(ids.values(), key=len)
+        for image_id, names in ids.items():
+            if names is common:
+                continue
+            for name in names:
+                problems[name] = (f"the image {image} is {image_id[:19]} here, but {common_id(ids, common)[:19]} on "
+                                  f"{', '.join(common)}; pull the same image on every node (or name it by digest)")
+    return problems
+
+
+def common_id(ids: Mapping[str, list[str]], names: list[str]) -> str:
+    return next(image_id for image_id, found in ids.items() if found is names)
 
 
 def drop(ready: Mapping[str, NodeReady]) -> None:

@@ -58,7 +58,8 @@ def _packed(name: str) -> str:
 
 
 # What the agent imports, sent with it, in import order.
-AGENT_MODULES = ("protocol", "wire", "procs", "tailing", "pathwatch", "stacks", "flight", "nodefacts", "ready",
+AGENT_MODULES = ("protocol", "wire", "procs", "containers", "tailing", "pathwatch", "stacks", "flight", "nodefacts",
+                 "ready",
                  "session", "job", "collect", "execmode")
 
 

@@ -29,8 +29,9 @@ import threading
 import time
 
 if __package__:
-    from clusterrun.remote import flight, pathwatch, procs, protocol, stacks, tailing, wire
+    from clusterrun.remote import containers, flight, pathwatch, procs, protocol, stacks, tailing, wire
 else:
+    import containers
     import flight
     import pathwatch
     import procs
@@ -269,6 +270,13 @@ class Agent:
         cwd = os.path.expanduser(self.spec["cwd"] or self.run_dir)
         self._stage()
         argv = self._argv()
+        container = self.spec["container"]
+        if container is not None:
+            # torchrun is the container's main process; the runtime's client stays this agent's child, and the
+            # variables go by name only (their values from the client's environment, never in an argv).
+            names = [k for k in env if k in self.spec["env"] or os.environ.get(k) != env[k]]
+            env.update(container["env"])
+            argv = containers.argv(container, names, argv)
         try:
             proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -299,6 +307,8 @@ class Agent:
         me = os.getpid()
         procs.stop_processes(lambda: procs.descendants(me), self.grace)
         procs.stop_processes(lambda: procs.marked(self.run_id, {me}, self.node), 0.5)
+        if container is not None:  # what the runtime keeps of it (``--rm`` alone misses a killed client)
+            containers.remove(container["runtime"], container["labels"])
         reader.join(timeout=2.0)
         self._drain(tailer)
         if self.flight:

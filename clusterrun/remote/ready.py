@@ -14,8 +14,9 @@ import socket
 import sys
 
 if __package__:
-    from clusterrun.remote import nodefacts
+    from clusterrun.remote import containers, nodefacts
 else:
+    import containers
     import nodefacts
 
 
@@ -34,9 +35,9 @@ def torch_version(found):
         return "unknown"
 
 
-def check(spec):
-    out = {"python": sys.version.split()[0], "executable": sys.executable, "problems": [], "missing": []}
-    # Find torch without importing it: an import costs seconds of CPU on every node at every launch.
+def _host_torch(out):
+    """This interpreter's torch with torchrun, found without importing it: an import costs seconds of CPU on
+    every node at every launch."""
     found = importlib.util.find_spec("torch")
     out["no_torch"] = found is None
     if found is None:
@@ -48,6 +49,20 @@ def check(spec):
                                % found.origin)
     else:
         out["torch"] = torch_version(found)
+
+
+def check(spec):
+    out = {"python": sys.version.split()[0], "executable": sys.executable, "problems": [], "missing": []}
+    if spec["container"] is None:
+        _host_torch(out)
+    else:
+        # The job runs in the image: its torch is what counts, not the host's (which runs only this agent).
+        image = containers.check(spec["container"], spec["node"], spec["python"])
+        out["problems"] += image["problems"]
+        out["no_torch"] = False
+        out["image_id"], out["pulled"] = image["image_id"], image["pulled"]
+        if image["torch"]:
+            out["torch"] = image["torch"]
     for d in (spec["run_dir"], spec["cache"]):
         try:
             # The run's own directory holds the ranks' logs: the user's only. The cache is shared by runs.
