@@ -66,7 +66,8 @@ def check_spec(run_dir: str, *, cache: str, hashes: Sequence[str], port: int | N
                idle: float = protocol.IDLE, node: NodePlan | None = None) -> Spec:
     """``check`` (before ``go``): the ready check of a node whose run directory is ``run_dir`` (``node``: its
     container's image is checked too)."""
-    extra = {} if node is None else {"container": container_spec(node), "node": node.name, "python": node.python}
+    extra = {} if node is None or node.container is None else {
+        "container": container_spec(node), "node": node.name, "python": node.python, "env": node.env_dict()}
     return protocol.CHECK.fill({"run_dir": run_dir, "cache": cache, "hashes": sorted(set(hashes)), "port": port,
                                 "idle": idle, **extra})
 

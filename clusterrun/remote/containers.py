@@ -41,11 +41,11 @@ def argv(container: dict, env_names: list, command: list) -> list:
     return [*map(_home, container["head"]), *env, *container["options"], container["image"], *command]
 
 
-def _run(args: list, timeout: float) -> "tuple[int | None, str]":
+def _run(args: list, timeout: float, env: "dict | None" = None) -> "tuple[int | None, str]":
     """(exit code or None on timeout, output)."""
     try:
         proc = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=timeout)
+                              timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return None, ""
     except OSError as exc:
@@ -60,19 +60,19 @@ def _filters(labels: dict) -> list:
     return out
 
 
-def listed(runtime: str, labels: dict, timeout: float = ASK_TIMEOUT) -> list:
+def listed(runtime: str, labels: dict, timeout: float = ASK_TIMEOUT, env: "dict | None" = None) -> list:
     """The ids of the containers (running or not) that carry every label of ``labels``."""
     if runtime == "apptainer" or shutil.which(runtime) is None:
         return []
-    code, out = _run([runtime, "ps", "-aq", *_filters(labels)], timeout)
+    code, out = _run([runtime, "ps", "-aq", *_filters(labels)], timeout, env)
     return out.split() if code == 0 else []
 
 
-def remove(runtime: str, labels: dict, timeout: float = ASK_TIMEOUT) -> list:
+def remove(runtime: str, labels: dict, timeout: float = ASK_TIMEOUT, env: "dict | None" = None) -> list:
     """Remove (``rm -f``: killed first) every container with ``labels``: the ids removed. Apptainer keeps none."""
-    ids = listed(runtime, labels, timeout)
+    ids = listed(runtime, labels, timeout, env)
     if ids:
-        _run([runtime, "rm", "-f", *ids], timeout)
+        _run([runtime, "rm", "-f", *ids], timeout, env)
     return ids
 
 
@@ -81,62 +81,70 @@ def _short(text: str) -> str:
     return (lines[-1] if lines else "no output")[:300]
 
 
-def check(container: dict, node: str, python: str) -> dict:
+def check(container: dict, python: str, env: dict) -> dict:
     """The ready check's container part: the runtime answers, the image is here (pulled as ``pull`` says), the
-    mount sources exist, and the image's ``python`` has torch. Returns {"problems", "image_id", "torch", "pulled"}."""
+    mount sources exist, and the image's ``python`` has torch. ``env``: the job's environment (the runtime's
+    settings, such as CONTAINERS_CONF or DOCKER_HOST, may be there). Returns {"problems", "image_id", "torch",
+    "pulled"}."""
     runtime, image = container["runtime"], container["image"]
     out = {"problems": [], "image_id": None, "torch": None, "pulled": False}
     problems = out["problems"]
     if shutil.which(runtime) is None:
-        problems.append("%s: the container runtime %r is not installed on this node; install it, or set "
-                        "container.runtime to one the node has (docker, podman, apptainer)" % (node, runtime))
+        problems.append("the container runtime %r is not installed on this node; install it, or set "
+                        "container.runtime to one the node has (docker, podman, apptainer)" % runtime)
         return out
     for spec in container.get("mounts") or ():
         src = _home(spec.split(":")[0])
         if not os.path.exists(src):
-            problems.append("%s: the mount source %s does not exist on this node; create it there or remove %r "
-                            "from container.mounts" % (node, src, spec))
+            problems.append("the mount source %s does not exist on this node; create it there or remove %r "
+                            "from container.mounts" % (src, spec))
     if runtime == "apptainer":
         if not os.path.exists(_home(image)):
-            problems.append("%s: the image %s is not on this node; copy the .sif there" % (node, image))
+            problems.append("the image %s is not on this node; copy the .sif there" % image)
         return out
-    code, text = _run([runtime, "version"], ASK_TIMEOUT)
+    code, text = _run([runtime, "version"], ASK_TIMEOUT, env)
     if code is None:
-        problems.append("%s: `%s version` did not answer within %gs (a stuck daemon?); restart %s there"
-                        % (node, runtime, ASK_TIMEOUT, runtime))
+        problems.append("`%s version` did not answer within %gs (a stuck daemon?); restart %s there"
+                        % (runtime, ASK_TIMEOUT, runtime))
         return out
     if code != 0:
-        problems.append("%s: `%s version` failed: %s" % (node, runtime, _short(text)))
+        problems.append("`%s version` failed: %s" % (runtime, _short(text)))
         return out
     inspect = [runtime, "image", "inspect", "--format", "{{.Id}}", image]
-    code, text = _run(inspect, ASK_TIMEOUT)
+    code, text = _run(inspect, ASK_TIMEOUT, env)
     present = code == 0 and text
     if container["pull"] == "always" or (not present and container["pull"] == "missing"):
-        code, pulled = _run([runtime, "pull", image], PULL_TIMEOUT)
+        code, pulled = _run([runtime, "pull", image], PULL_TIMEOUT, env)
         if code is None:
-            problems.append("%s: pulling %s took longer than %gs; pull it there beforehand" % (node, image, PULL_TIMEOUT))
+            problems.append("pulling %s took longer than %gs; pull it there beforehand" % (image, PULL_TIMEOUT))
             return out
         if code != 0 and not present:
-            problems.append("%s: cannot pull %s: %s; check the image name, or put the image on the node and set "
-                            "container.pull: never" % (node, image, _short(pulled)))
+            problems.append("cannot pull %s: %s; check the image name, or put the image on the node and set "
+                            "container.pull: never" % (image, _short(pulled)))
             return out
         out["pulled"] = code == 0
-        code, text = _run(inspect, ASK_TIMEOUT)
+        code, text = _run(inspect, ASK_TIMEOUT, env)
         present = code == 0 and text
     if not present:
-        problems.append("%s: the image %s is not on this node (container.pull: never); pull or load it there"
-                        % (node, image))
+        problems.append("the image %s is not on this node (container.pull: never); pull or load it there"
+                        % image)
         return out
     out["image_id"] = text.split()[0]
-    code, text = _run(argv(container, [], [python, "-c", _TORCH]), TORCH_TIMEOUT)
+    # The job's workdir may be its code directory, which is staged later: the check runs where the image says.
+    head = container["head"]
+    at = head.index("--workdir") if "--workdir" in head else len(head)
+    code, text = _run(argv(dict(container, head=head[:at] + head[at + 2:]), [], [python, "-c", _TORCH]),
+                      TORCH_TIMEOUT, env)
+    if code is None:  # the client was killed: its container may live on
+        remove(runtime, container["labels"], env=env)
     said = [line for line in text.splitlines() if line.startswith(("TORCH ", "NOTORCH "))]
     if code is None:
-        problems.append("%s: the image %s did not start within %gs" % (node, image, TORCH_TIMEOUT))
+        problems.append("the image %s did not start within %gs" % (image, TORCH_TIMEOUT))
     elif not said:
-        problems.append("%s: the image %s could not run %s: %s" % (node, image, python, _short(text)))
+        problems.append("the image %s could not run %s: %s" % (image, python, _short(text)))
     elif said[-1].startswith("NOTORCH"):
-        problems.append("%s: %s in the image %s has no torch; use an image with torch (e.g. an NGC PyTorch "
-                        "image) or set `python` to the image's interpreter that has it" % (node, python, image))
+        problems.append("%s in the image %s has no torch; use an image with torch (e.g. an NGC PyTorch "
+                        "image) or set `python` to the image's interpreter that has it" % (python, image))
     else:
         out["torch"] = said[-1].split(" ", 1)[1]
     return out

@@ -308,7 +308,7 @@ class Agent:
         procs.stop_processes(lambda: procs.descendants(me), self.grace)
         procs.stop_processes(lambda: procs.marked(self.run_id, {me}, self.node), 0.5)
         if container is not None:  # what the runtime keeps of it (``--rm`` alone misses a killed client)
-            containers.remove(container["runtime"], container["labels"])
+            containers.remove(container["runtime"], container["labels"], env=env)
         reader.join(timeout=2.0)
         self._drain(tailer)
         if self.flight:

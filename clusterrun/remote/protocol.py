@@ -320,6 +320,7 @@ CHECK = Spec("check", {
     "container": ((dict, None), None, CONTAINER),  # the image is checked instead of the host's torch
     "node": ((str,), ""),
     "python": ((str,), "python3"),  # the interpreter the job runs (inside the image, with a container)
+    "env": ((dict,), dict),  # the job's environment: the runtime is asked with it, as it runs the job with it
 })
 SPECS = {spec.mode: spec for spec in (RUN, EXEC, COLLECT, SWEEP, PS, CHECK)}
 

@@ -53,22 +53,22 @@ def _host_torch(out):
 
 def check(spec):
     out = {"python": sys.version.split()[0], "executable": sys.executable, "problems": [], "missing": []}
-    if spec["container"] is None:
-        _host_torch(out)
-    else:
-        # The job runs in the image: its torch is what counts, not the host's (which runs only this agent).
-        image = containers.check(spec["container"], spec["node"], spec["python"])
-        out["problems"] += image["problems"]
-        out["no_torch"] = False
-        out["image_id"], out["pulled"] = image["image_id"], image["pulled"]
-        if image["torch"]:
-            out["torch"] = image["torch"]
     for d in (spec["run_dir"], spec["cache"]):
         try:
             # The run's own directory holds the ranks' logs: the user's only. The cache is shared by runs.
             os.makedirs(os.path.expanduser(d), mode=0o700 if d == spec["run_dir"] else 0o777, exist_ok=True)
         except OSError as exc:
             out["problems"].append("cannot create %s: %s" % (d, exc.strerror or exc))
+    if spec["container"] is None:
+        _host_torch(out)
+    else:
+        # The job runs in the image: its torch is what counts, not the host's (which runs only this agent).
+        image = containers.check(spec["container"], spec["python"], dict(os.environ, **spec["env"]))
+        out["problems"] += image["problems"]
+        out["no_torch"] = False
+        out["image_id"], out["pulled"] = image["image_id"], image["pulled"]
+        if image["torch"]:
+            out["torch"] = image["torch"]
     for digest in spec["hashes"]:
         if not os.path.isfile(os.path.join(os.path.expanduser(spec["cache"]), digest)):
             out["missing"].append(digest)
