@@ -78,11 +78,21 @@ class PodmanBed:
         self.imported.append((name, store or []))
         return name
 
-    def options(self, store: list[str] | None = None) -> list[str]:
+    def options(self) -> list[str]:
         """The inventory's container options: this sandbox keeps the host's limits; the host's Python inside."""
         prefixes = sorted({sys.prefix, sys.base_prefix})
         mounts = ["--volume=/usr:/usr:ro", *(f"--volume={p}:{p}:ro" for p in prefixes)]
-        return [*(store or []), "--ulimit", "host", *mounts]
+        return ["--ulimit", "host", *mounts]
+
+    def private_store(self, root: Path) -> tuple[list[str], Path]:
+        """A node-private image store under ``root`` (podman wants its runroot path short: at most 50
+        characters): the global flags that use it here, and a storage.conf that a node's CONTAINERS_STORAGE_CONF
+        points at, so that every call of the runtime on that node (check, run, removal) uses it."""
+        driver = self.podman("info", "--format", "{{.Store.GraphDriverName}}").stdout.decode().strip() or "overlay"
+        conf = root / "storage.conf"
+        conf.write_text(f'[storage]\ndriver = "{driver}"\ngraphroot = "{root / "root"}"\n'
+                        f'runroot = "{root / "run"}"\n')
+        return [f"--root={root / 'root'}", f"--runroot={root / 'run'}", f"--storage-driver={driver}"], conf
 
     def containers(self, run_id: str) -> list[dict]:
         """The containers of run ``run_id`` (any node, any state): the store is shared by every node."""
@@ -108,10 +118,10 @@ def give_cgroups(cluster: SimCluster) -> None:
 
 
 def container_inventory(cluster: SimCluster, path: Path, bed: PodmanBed, *, nodes: int = 2, nproc: int = 2,
-                        image: str | None = None, node_extra: dict[str, str] | None = None,
+                        image: str | None = None, node_env: dict[str, str] | None = None,
                         mounts: tuple[str, ...] = ()) -> Path:
-    """An inventory of the first ``nodes`` nodes whose job runs in the test image (``node_extra``: a node's own
-    ``container:`` flow mapping)."""
+    """An inventory of the first ``nodes`` nodes whose job runs in the test image (``node_env``: a node's own
+    ``env:`` flow mapping)."""
     from simjobs import write_inventory
 
     write_inventory(cluster, path, nodes, nproc=nproc)
@@ -122,7 +132,7 @@ def container_inventory(cluster: SimCluster, path: Path, bed: PodmanBed, *, node
                     f"mounts: {json.dumps(list(mounts))}}}",
                     f"  env: {{CONTAINERS_CONF: {bed.conf}}}"]
     text = "\n".join(lines) + "\n"
-    for node, extra in (node_extra or {}).items():
-        text = text.replace(f"    host: {node}\n", f"    host: {node}\n    container: {extra}\n")
+    for node, extra in (node_env or {}).items():
+        text = text.replace(f"    host: {node}\n", f"    host: {node}\n    env: {extra}\n")
     path.write_text(text)
     return path

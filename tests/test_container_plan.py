@@ -166,3 +166,38 @@ def test_a_runtime_without_an_image_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print(1)\n")
     done = _clusterrun(tmp_path, "plan", "--container-runtime", "podman", "inv.yaml", "train.py")
     assert done.returncode == 2 and "give --image IMAGE" in done.stderr
+
+
+def test_sbatch_runs_the_step_in_the_image_with_pyxis(tmp_path: Path) -> None:
+    (tmp_path / "inv.yaml").write_text(textwrap.dedent(TWO_NODES).replace("RUNTIME", "podman"))
+    (tmp_path / "train.py").write_text("print(1)\n")
+    done = _clusterrun(tmp_path, "export", "sbatch", "inv.yaml", "train.py")
+    assert done.returncode == 0, done.stderr
+    step = done.stdout.split("\nsrun ", 1)[1]
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in step  # enroot's REGISTRY#IMAGE
+    assert '--container-mounts="$PWD:$PWD,/data:/data:ro"' in step and '--container-workdir="$PWD"' in step
+    assert subprocess.run(["bash", "-n"], input=done.stdout, text=True, check=False).returncode == 0
+
+
+def test_kubeflow_exports_take_the_inventorys_image(tmp_path: Path) -> None:
+    text = textwrap.dedent(TWO_NODES).replace("RUNTIME", "docker").replace("gpus: [0, 1, 2, 3]", "gpus: [0, 1]")
+    (tmp_path / "inv.yaml").write_text(text)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    for kind in ("pytorchjob", "trainjob"):
+        done = _clusterrun(tmp_path, "export", kind, "inv.yaml", "train.py")
+        assert done.returncode == 0, done.stderr
+        assert "image: nvcr.io/nvidia/pytorch:24.05-py3" in done.stdout
+        flagged = _clusterrun(tmp_path, "export", kind, "--image", "ghcr.io/acme/train:1.4", "inv.yaml", "train.py")
+        assert "image: ghcr.io/acme/train:1.4" in flagged.stdout, flagged.stderr
+
+
+@pytest.mark.parametrize(("image", "enroot"), [
+    ("nvcr.io/nvidia/pytorch:24.05-py3", "nvcr.io#nvidia/pytorch:24.05-py3"),
+    ("localhost:5000/train:1", "localhost:5000#train:1"),
+    ("pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime", "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"),
+    ("/shared/images/train.sqsh", "/shared/images/train.sqsh"),
+])
+def test_enroot_names_the_registry_with_a_hash(image: str, enroot: str) -> None:
+    from clusterrun.export.pyxis import enroot_image
+
+    assert enroot_image(image) == enroot
