@@ -212,9 +212,14 @@ def image_problems(plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> dict[str
             if names is common:
                 continue
             for name in names:
-                problems[name] = (f"the image {image} is {image_id[:19]} here, but {common_id(ids, common)[:19]} on "
-                                  f"{', '.join(common)}; pull the same image on every node (or name it by digest)")
+                problems[name] = (f"the image {image} is {_short_id(image_id)} here, but "
+                                  f"{_short_id(common_id(ids, common))} on {', '.join(common)}; pull the same image on "
+                                  "every node (or name it by digest)")
     return problems
+
+
+def _short_id(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:12]
 
 
 def common_id(ids: Mapping[str, list[str]], names: list[str]) -> str:
