@@ -49,6 +49,7 @@ class NodeReady(ProbedNode):
     stage: list[tuple[str, str, str]] = field(default_factory=list)  # (cache path, destination, kind)
     link: AgentLink | None = field(default=None, repr=False, compare=False)  # the node's agent, waiting for `go`
     image_id: str | None = None  # the container image's id on the node (None: no container)
+    pulled: bool = False  # the node pulled the image for this run
 
 
 def _sha256(path: Path) -> str:
@@ -141,7 +142,7 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
         raise kind(node.name, "; ".join(report["problems"]))
     found = NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
                       ssh_address=transport.peer_address(), gpus=report.get("gpus"), link=link)
-    found.image_id = report.get("image_id")
+    found.image_id, found.pulled = report.get("image_id"), bool(report.get("pulled"))
     return found, set(report["missing"])
 
 
@@ -216,6 +217,23 @@ def image_problems(plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> dict[str
                                   f"{_short_id(common_id(ids, common))} on {', '.join(common)}; pull the same image on "
                                   "every node (or name it by digest)")
     return problems
+
+
+def image_lines(plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> list[str]:
+    """What the nodes run in: per image, its id, the torch in it and the nodes that had to pull it."""
+    lines = []
+    for image in dict.fromkeys(n.container.image for n in plan.nodes if n.container is not None):
+        nodes = [n for n in plan.nodes if n.container is not None and n.container.image == image and n.name in ready]
+        if not nodes:
+            continue
+        ids = {ready[n.name].image_id for n in nodes if ready[n.name].image_id}
+        torch = sorted({ready[n.name].torch for n in nodes if ready[n.name].torch})
+        pulled = [n.name for n in nodes if ready[n.name].pulled]
+        lines.append(f"image {image} ({nodes[0].container.runtime.value}"
+                     + (f", {_short_id(next(iter(ids)))}" if len(ids) == 1 else "")
+                     + f") on {len(nodes)} node(s), torch {', '.join(torch) or '?'}"
+                     + (f"; pulled on {', '.join(pulled)}" if pulled else ""))
+    return lines
 
 
 def _short_id(image_id: str) -> str:

@@ -18,7 +18,7 @@ from clusterrun.launch.console import Console
 from clusterrun.launch.detach import start_detached
 from clusterrun.launch.outcome import Attempt, RankState, RunOutcome, Signature, no_restart, signature, untrusted_nodes
 from clusterrun.launch.pathcheck import quick_check
-from clusterrun.launch.ready import NodeReady, check_ready, drop, remove_archives
+from clusterrun.launch.ready import NodeReady, check_ready, drop, image_lines, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
 from clusterrun.launch.replan import CannotContinue, backoff, plan_with_facts, recompose
 from clusterrun.launch.settings import SupervisorSettings
@@ -239,6 +239,8 @@ class _Run:
             except BaseException:
                 drop(ready)  # every agent waits for a job that will not come
                 raise
+            for line in image_lines(plan, ready):
+                self.console.info(line)
             copied = sum(len(r.copied) for r in ready.values())
             if copied:
                 self.console.info(f"copied {copied} file(s) to the nodes")
