@@ -42,6 +42,11 @@ RUN_LABEL, NODE_LABEL = "clusterrun.run", "clusterrun.node"
 STACK_LIMIT = "67108864"
 
 
+#: Variables that configure a runtime's client (not secrets): doctor passes the inventory's values of these on.
+RUNTIME_SETTINGS = ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF", "DOCKER_HOST",
+                    "DOCKER_CONFIG", "DOCKER_CONTEXT")
+
+
 @dataclass(frozen=True)
 class ContainerPlan:
     """A node's container command, in parts: ``head``, one ``--env NAME`` per variable, ``options``, ``image``,
@@ -104,19 +109,21 @@ def _mount(spec: str) -> tuple[str, str, bool]:
     return parts[0], parts[1], len(parts) == 3 and parts[2] == "ro"
 
 
-def build_container(settings: ContainerSettings, *, run_id: str, node: str, run_dir: str, cwd: str,
+def build_container(settings: ContainerSettings, *, run_id: str, node: str, run_dir: str | None, cwd: str | None,
                     env: dict[str, str], gpus: tuple[int, ...], rdma: bool) -> ContainerPlan:
     """The container command of one node. Pure. ``env``: the node's planned environment (its names are passed
-    on; its ``CUDA_VISIBLE_DEVICES`` says which GPUs the container gets); ``rdma``: the node has RDMA NICs."""
+    on; its ``CUDA_VISIBLE_DEVICES`` says which GPUs the container gets); ``rdma``: the node has RDMA NICs;
+    ``run_dir``/``cwd`` None: no run directory (doctor's checks), the image's own working directory."""
     runtime = settings.runtime_or_default
     assert settings.image is not None  # the inventory refuses container settings without an image
     labels = ((RUN_LABEL, run_id), (NODE_LABEL, node))
     devices = _gpus(env, gpus)
     inner_env: tuple[tuple[str, str], ...] = ()
-    own = [run_dir] + ([cwd] if cwd != run_dir and not cwd.startswith(run_dir.rstrip("/") + "/") else [])
+    own = [] if run_dir is None or cwd is None else [run_dir] + (
+        [cwd] if cwd != run_dir and not cwd.startswith(run_dir.rstrip("/") + "/") else [])
     mounts = [(path, path, False) for path in own] + [_mount(m) for m in settings.mounts or ()]
     if runtime is Runtime.apptainer:
-        head = ["apptainer", "exec", *(["--nv"] if devices else []), "--pwd", cwd]
+        head = ["apptainer", "exec", *(["--nv"] if devices else []), *(["--pwd", cwd] if cwd else [])]
         for src, dst, ro in mounts:
             head += ["--bind", f"{src}:{dst}" + (":ro" if ro else "")]
     else:
@@ -139,7 +146,7 @@ def build_container(settings: ContainerSettings, *, run_id: str, node: str, run_
             head += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK"]
         for src, dst, ro in mounts:
             head += ["--volume", f"{src}:{dst}" + (":ro" if ro else "")]
-        head += ["--workdir", cwd]
+        head += ["--workdir", cwd] if cwd else []
     return ContainerPlan(runtime=runtime, image=settings.image, head=tuple(head), env_names=tuple(env),
                          options=tuple(settings.options or ()), labels=labels, pull=settings.pull_or_default.value,
                          env=inner_env, mounts=tuple(settings.mounts or ()))

@@ -201,3 +201,18 @@ def test_enroot_names_the_registry_with_a_hash(image: str, enroot: str) -> None:
     from clusterrun.export.pyxis import enroot_image
 
     assert enroot_image(image) == enroot
+
+
+def test_doctor_probes_a_node_in_its_image_with_the_runtimes_settings_only() -> None:
+    from clusterrun.doctor.in_image import image_command
+
+    text = textwrap.dedent(TWO_NODES).replace("RUNTIME", "podman").replace(
+        "env: {WANDB_API_KEY: s3cret}", "env: {WANDB_API_KEY: s3cret, CONTAINERS_CONF: /etc/c.conf}")
+    inv = parse_inventory_text(text, "inv.yaml")
+    inside, env = image_command(inv, inv.nodes[0])
+    assert inside[:2] == ("podman", "run") and inside[-1] == "nvcr.io/nvidia/pytorch:24.05-py3"
+    assert after(inside, "--network") == ["host"] and "/dev/infiniband" in after(inside, "--device")
+    assert "--workdir" not in inside and not any(".clusterrun/runs" in a for a in inside)
+    assert env == {"CONTAINERS_CONF": "/etc/c.conf"}  # never a secret: the probe's env is on its command line
+    bare = parse_inventory_text("version: 1\nnodes: [{name: a, host: b}]\n", "inv.yaml")
+    assert image_command(bare, bare.nodes[0]) == ((), {})

@@ -4,6 +4,7 @@ and a missing or differing image is refused before anything starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -138,14 +139,18 @@ def _readable(path: Path) -> bool:
         return False
 
 
-def test_a_failing_rank_keeps_its_exit_code_and_leaves_no_container(sim_cluster: SimCluster, bed: PodmanBed,
-                                                                    tmp_path: Path) -> None:
+def test_a_failing_rank_keeps_its_exit_code_and_restarts_leave_no_container(sim_cluster: SimCluster,
+                                                                           bed: PodmanBed, tmp_path: Path) -> None:
+    """Rank 3 fails in both attempts: before the restart the first attempt's containers are removed (the sweep
+    by label), and the run ends with rank 3's exit code and no container anywhere."""
     inv = container_inventory(sim_cluster, tmp_path / "cluster.yaml", bed)
     (tmp_path / "train.py").write_text(WORKER)
-    done = run_clusterrun("up", "-e", "FAIL_RANK=3", str(inv), "train.py", cwd=tmp_path)
+    done = run_clusterrun("up", "--max-restarts", "1", "--restart-backoff", "0", "-e", "FAIL_RANK=3", str(inv),
+                          "train.py", cwd=tmp_path)
     assert done.returncode == 7, done.stderr[-3000:]  # the failing rank's code is the run's, as without an image
-    assert "first failure: node1 rank 3: exit code 7" in done.stderr, done.stderr[-3000:]
+    assert "node1 rank 3: exit code 7" in done.stderr, done.stderr[-3000:]
     run = the_run(tmp_path)
+    assert len(status(run)["attempts"]) == 2
     assert_no_container(bed, run.name, timeout=5)
     assert_nothing_left(sim_cluster, run.name, timeout=5)
 
@@ -230,3 +235,22 @@ def test_a_missing_image_and_differing_images_are_refused_before_start(sim_clust
     assert not any("REPORT" in line for line in done.stdout.splitlines())
     bed.podman("rmi", "-f", bed.image, store=store)
     shutil.rmtree(own, ignore_errors=True)
+
+
+def test_doctor_checks_the_nodes_inside_the_image(sim_cluster: SimCluster, bed: PodmanBed, tmp_path: Path) -> None:
+    """doctor probes each node in the image (its python and torch, /dev/shm, memlock as the ranks see them), and
+    its all-reduce goes through `up`'s launch path, in the image too; no container of either is left."""
+    inv = container_inventory(sim_cluster, tmp_path / "cluster.yaml", bed, nproc=1)
+    done = run_clusterrun("doctor", "--json", "--checks", "node.python,limits.shm,limits.memlock,cluster.allreduce",
+                          str(inv), cwd=tmp_path)
+    report = json.loads(done.stdout)
+    findings = [f for check in report["checks"] for f in check["findings"]] if "checks" in report else \
+        report["findings"]
+    by_check = {}
+    for finding in findings:
+        by_check.setdefault(finding["check"], []).append(finding)
+    assert done.returncode == 0, done.stderr[-3000:] + json.dumps(by_check)[:3000]
+    python = by_check["node.python"]
+    assert all(f["verdict"] == "pass" for f in python), python
+    left = bed.podman("ps", "-a", "--format", "{{.Labels}}").stdout.decode()
+    assert "clusterrun.run:doctor-" not in left
