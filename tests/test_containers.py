@@ -238,19 +238,17 @@ def test_a_missing_image_and_differing_images_are_refused_before_start(sim_clust
 
 
 def test_doctor_checks_the_nodes_inside_the_image(sim_cluster: SimCluster, bed: PodmanBed, tmp_path: Path) -> None:
-    """doctor probes each node in the image (its python and torch, /dev/shm, memlock as the ranks see them), and
-    its all-reduce goes through `up`'s launch path, in the image too; no container of either is left."""
+    """doctor probes each node in the image (its python and torch as the ranks see them), and its all-reduce goes
+    through `up`'s launch path, in the image too; no container of either is left."""
     inv = container_inventory(sim_cluster, tmp_path / "cluster.yaml", bed, nproc=1)
-    done = run_clusterrun("doctor", "--json", "--checks", "node.python,limits.shm,limits.memlock,cluster.allreduce",
-                          str(inv), cwd=tmp_path)
+    done = run_clusterrun("doctor", "--json", "--checks", "node.os,node.python,cluster.allreduce", str(inv),
+                          cwd=tmp_path)
     report = json.loads(done.stdout)
-    findings = [f for check in report["checks"] for f in check["findings"]] if "checks" in report else \
-        report["findings"]
-    by_check = {}
-    for finding in findings:
-        by_check.setdefault(finding["check"], []).append(finding)
-    assert done.returncode == 0, done.stderr[-3000:] + json.dumps(by_check)[:3000]
-    python = by_check["node.python"]
-    assert all(f["verdict"] == "pass" for f in python), python
+    verdicts = {check["name"]: check["verdict"] for check in report["checks"]}
+    assert verdicts["node.python"] == "pass" and verdicts["cluster.allreduce"] == "pass", done.stdout[-4000:]
+    # The probe ran in the image: the skeleton has no /etc/os-release, the host (Debian) has one.
+    for node in ("node0", "node1"):
+        os_release = Path(report["directory"], "evidence", node, "os_release.txt").read_text()
+        assert "No such file" in os_release and "Debian" not in os_release, os_release
     left = bed.podman("ps", "-a", "--format", "{{.Labels}}").stdout.decode()
-    assert "clusterrun.run:doctor-" not in left
+    assert "doctor-" not in left

@@ -8,6 +8,7 @@ a runtime that hangs (a stuck daemon, a dead registry) costs at most its timeout
 Standard library only: this module travels to the nodes with the agent.
 """
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -18,6 +19,9 @@ ASK_TIMEOUT = 20.0
 PULL_TIMEOUT = 1200.0
 #: Seconds for the image's Python to say its torch version.
 TORCH_TIMEOUT = 120.0
+#: Where a node remembers the torch version an image's python has (by image id and interpreter): an image does
+#: not change under its id, so only the first launch with it pays for a container start in the check.
+KNOWN = "~/.clusterrun/cache/images"
 
 _TORCH = ("import importlib.util as u, glob, os, sys\n"
           "f = u.find_spec('torch')\n"
@@ -130,6 +134,14 @@ def check(container: dict, python: str, env: dict) -> dict:
                         % image)
         return out
     out["image_id"] = text.split()[0]
+    known = os.path.join(os.path.expanduser(KNOWN), hashlib.sha256(
+        ("%s\0%s\0%s" % (runtime, out["image_id"], python)).encode()).hexdigest()[:32])
+    try:
+        with open(known) as fh:
+            out["torch"] = fh.read().strip()
+        return out
+    except OSError:
+        pass
     # The job's workdir may be its code directory, which is staged later: the check runs where the image says.
     head = container["head"]
     at = head.index("--workdir") if "--workdir" in head else len(head)
@@ -147,4 +159,11 @@ def check(container: dict, python: str, env: dict) -> dict:
                         "image) or set `python` to the image's interpreter that has it" % (python, image))
     else:
         out["torch"] = said[-1].split(" ", 1)[1]
+        try:
+            os.makedirs(os.path.dirname(known), exist_ok=True)
+            with open(known + ".%d" % os.getpid(), "w") as fh:
+                fh.write(out["torch"])
+            os.replace(known + ".%d" % os.getpid(), known)
+        except OSError:
+            pass  # asked again next time
     return out
