@@ -216,3 +216,20 @@ def test_doctor_probes_a_node_in_its_image_with_the_runtimes_settings_only() -> 
     assert env == {"CONTAINERS_CONF": "/etc/c.conf"}  # never a secret: the probe's env is on its command line
     bare = parse_inventory_text("version: 1\nnodes: [{name: a, host: b}]\n", "inv.yaml")
     assert image_command(bare, bare.nodes[0]) == ((), {})
+
+
+def test_up_names_the_image_its_id_and_torch_and_refuses_nodes_whose_image_differs() -> None:
+    from clusterrun.launch.ready import NodeReady, image_lines, image_problems
+
+    plan = plan_for("podman")
+    ready = {name: NodeReady(name, "3.11.7", "2.3.0") for name in ("gpu01", "gpu02")}
+    for r in ready.values():
+        r.image_id = "sha256:" + "ab" * 32
+    ready["gpu02"].pulled = True
+    assert image_lines(plan, ready) == ["image nvcr.io/nvidia/pytorch:24.05-py3 (podman, abababababab) on 2 node(s), "
+                                        "torch 2.3.0; pulled on gpu02"]
+    assert image_problems(plan, ready) == {}
+    ready["gpu02"].image_id = "cd" * 32
+    (problem,) = image_problems(plan, ready).items()
+    assert problem[1].startswith("the image nvcr.io/nvidia/pytorch:24.05-py3 is ")
+    assert "pull the same image on every node" in problem[1]

@@ -227,7 +227,7 @@ def image_lines(plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> list[str]:
         if not nodes:
             continue
         ids = {ready[n.name].image_id for n in nodes if ready[n.name].image_id}
-        torch = sorted({ready[n.name].torch for n in nodes if ready[n.name].torch})
+        torch = sorted({ready[n.name].torch_version for n in nodes if ready[n.name].torch_version})
         pulled = [n.name for n in nodes if ready[n.name].pulled]
         lines.append(f"image {image} ({nodes[0].container.runtime.value}"
                      + (f", {_short_id(next(iter(ids)))}" if len(ids) == 1 else "")
