@@ -3,6 +3,7 @@ says what to do, every question to the runtime is bounded, and nothing is left r
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -66,3 +67,20 @@ def test_an_image_no_registry_has_is_refused_without_a_pull_loop(tmp_path: Path)
     (problem,) = got["problems"]
     assert problem.startswith("cannot pull localhost:1/clusterrun-no-such-image:1: ")
     assert problem.endswith("check the image name, or put the image on the node and set container.pull: never")
+
+
+def test_a_long_pull_says_it_goes_on_and_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capfdbinary: pytest.CaptureFixture[bytes]) -> None:
+    # A stand-in for a registry that is slow: the pull takes 30 s unless it is stopped.
+    slow = tmp_path / "docker"
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(containers, "PULL_REPORT", 0.5)
+    monkeypatch.setattr(containers, "PULL_TIMEOUT", 2.0)
+    started = time.monotonic()
+    code, _ = containers._pull("docker", "ghcr.io/acme/train:1.4", dict(os.environ))
+    assert code is None and time.monotonic() - started < 10
+    said = [json.loads(line) for line in capfdbinary.readouterr().out.splitlines()]
+    assert len(said) >= 2
+    assert all(e["ev"] == containers.PULLING and e["image"] == "ghcr.io/acme/train:1.4" for e in said)

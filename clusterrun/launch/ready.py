@@ -15,7 +15,7 @@ import hashlib
 import os
 import posixpath
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,11 +123,14 @@ def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[St
     return link
 
 
-def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: float) -> tuple[NodeReady, set[str]]:
+def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: float,
+            progress: Callable[[str, str], None] | None = None) -> tuple[NodeReady, set[str]]:
     """What the node reported, with the staged files its cache lacks; or the error that says why the node cannot
     run the job."""
     try:
-        answer = link.answer((session.READY, protocol.ERROR), deadline)
+        said = None if progress is None else (
+            lambda event: progress(node.name, f"pulling {event.get('image')} ({event.get('seconds')}s so far)"))
+        answer = link.answer((session.READY, protocol.ERROR), deadline, said)
     except ClusterrunError as exc:
         if _no_python(link):
             raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; give an interpreter "
@@ -156,9 +159,11 @@ def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], mis
     return ready
 
 
-def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, NodeReady]:
+def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport],
+                progress: Callable[[str, str], None] | None = None) -> dict[str, NodeReady]:
     """Start every node's agent, check and stage every node. Raises :class:`StartError` naming every node that
-    failed (after dropping every agent: nothing waits on a node for a job that will not come).
+    failed (after dropping every agent: nothing waits on a node for a job that will not come). ``progress``
+    hears (node, what) while a node pulls its image.
 
     Three steps, so that no thread waits on a node's answer: connect and start the agents (in parallel), read
     the answers as they come (each node's agent has its own reader), copy what is missing (in parallel)."""
@@ -171,7 +176,7 @@ def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[s
     missing: dict[str, set[str]] = {}
     for name, link in links.items():
         try:
-            ready[name], missing[name] = _answer(nodes[name], link, transports[name], deadline)
+            ready[name], missing[name] = _answer(nodes[name], link, transports[name], deadline, progress)
         except ClusterrunError as exc:
             problems[name] = getattr(exc, "reason", str(exc))
             link.abort()

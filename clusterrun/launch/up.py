@@ -220,7 +220,7 @@ class _Run:
             if any(n.transport is not TransportKind.local for n in plan.nodes):
                 self.console.info(f"checking {plan.nnodes} node(s)...")
             try:
-                ready = check_ready(plan, self.transports)
+                ready = check_ready(plan, self.transports, lambda node, what: self.console.info(f"{node}: {what}"))
             except StartError as exc:
                 failed = {n: why for n, why in exc.problems.items() if n in attempt.nodes}
                 if not failed or len(failed) < len(exc.problems) or not (self.restarts.may_drop or self.spares):

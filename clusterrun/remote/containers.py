@@ -12,11 +12,19 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
+
+if __package__:
+    from clusterrun.remote import wire
+else:
+    import wire
 
 #: Seconds for a quick question to the runtime (version, image inspect, ps, rm).
 ASK_TIMEOUT = 20.0
-#: Seconds an image pull may take on a node.
-PULL_TIMEOUT = 1200.0
+#: Seconds an image pull may take on a node; every PULL_REPORT seconds of it the node says it still pulls.
+PULL_TIMEOUT, PULL_REPORT = 1200.0, 10.0
+#: The event of a pull in progress (image, seconds): clusterrun shows it per node.
+PULLING = "pulling"
 #: Seconds for the image's Python to say its torch version.
 TORCH_TIMEOUT = 120.0
 #: Where a node remembers the torch version an image's python has (by image id and interpreter): an image does
@@ -55,6 +63,27 @@ def _run(args: list, timeout: float, env: "dict | None" = None) -> "tuple[int | 
     except OSError as exc:
         return 127, str(exc.strerror or exc)
     return proc.returncode, proc.stdout.decode("utf-8", errors="replace").strip()
+
+
+def _pull(runtime: str, image: str, env: dict) -> "tuple[int | None, str]":
+    """``runtime pull image``, bounded by PULL_TIMEOUT, saying every PULL_REPORT seconds that it goes on."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen([runtime, "pull", image], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env)
+    except OSError as exc:
+        return 127, str(exc.strerror or exc)
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=PULL_REPORT)
+            return proc.returncode, out.decode("utf-8", errors="replace").strip()
+        except subprocess.TimeoutExpired:
+            seconds = time.monotonic() - started
+            if seconds >= PULL_TIMEOUT:
+                proc.kill()
+                proc.communicate()
+                return None, ""
+            wire.emit({"ev": PULLING, "image": image, "seconds": round(seconds)})
 
 
 def _filters(labels: dict) -> list:
@@ -118,7 +147,7 @@ def check(container: dict, python: str, env: dict) -> dict:
     code, text = _run(inspect, ASK_TIMEOUT, env)
     present = code == 0 and text
     if container["pull"] == "always" or (not present and container["pull"] == "missing"):
-        code, pulled = _run([runtime, "pull", image], PULL_TIMEOUT, env)
+        code, pulled = _pull(runtime, image, env)
         if code is None:
             problems.append("pulling %s took longer than %gs; pull it there beforehand" % (image, PULL_TIMEOUT))
             return out
