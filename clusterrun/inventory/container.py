@@ -85,12 +85,17 @@ class ContainerSettings(BaseModel):
         return self.pull or Pull.missing
 
 
-def container_problems(index: int | None, settings: ContainerSettings | None,
+def container_problems(nodes: list[ContainerSettings | None],
                        defaults: ContainerSettings | None) -> Iterator[tuple[tuple[str | int, ...], str]]:
-    """``(path, message)`` when a node's merged settings lack an image (``index`` None: the defaults alone)."""
-    if index is None:
-        return
-    merged = settings.merged_over(defaults) if settings is not None else defaults
-    if merged is not None and not merged.image:
+    """``(path, message)`` for each node whose merged settings lack an image (``nodes``: each node's own
+    ``container``; the defaults' lack is said once)."""
+    said_defaults = False
+    for index, settings in enumerate(nodes):
+        merged = settings.merged_over(defaults) if settings is not None else defaults
+        if merged is None or merged.image:
+            continue
+        if settings is None and said_defaults:
+            continue
+        said_defaults = said_defaults or settings is None
         where = ("nodes", index, "container") if settings is not None else ("defaults", "container")
         yield where, "container settings without an image: set container.image (e.g. nvcr.io/nvidia/pytorch:24.05-py3)"

@@ -324,7 +324,7 @@ def inventory_problems(inv: Inventory) -> Iterator[tuple[Path, str]]:
             )
         seen_hosts.setdefault(key, i)
         yield from _node_problems(i, node)
-        yield from container_problems(i, node.container, inv.defaults.container)
+    yield from container_problems([node.container for node in inv.nodes], inv.defaults.container)
     yield from _rank_problems(inv)
     yield from _network_problems(inv)
 
