@@ -39,7 +39,7 @@ def test_a_runtime_that_hangs_costs_its_bound_and_is_named(tmp_path: Path, monke
     started = time.monotonic()
     got = containers.check(spec(runtime="docker"), "python3", dict(os.environ))
     assert time.monotonic() - started < 10
-    assert got["problems"] == ["`docker version` did not answer within 1s (a stuck daemon?); restart docker there"]
+    assert got["problems"] == ["`docker` did not answer within 1s (a stuck daemon?); restart docker there"]
 
 
 @pytest.mark.skipif(shutil.which("podman") is None or shutil.which("runc") is None, reason="needs podman and runc")

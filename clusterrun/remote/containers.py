@@ -135,17 +135,20 @@ def check(container: dict, python: str, env: dict) -> dict:
         if not os.path.exists(_home(image)):
             problems.append("the image %s is not on this node; copy the .sif there" % image)
         return out
-    code, text = _run([runtime, "version"], ASK_TIMEOUT, env)
-    if code is None:
-        problems.append("`%s version` did not answer within %gs (a stuck daemon?); restart %s there"
-                        % (runtime, ASK_TIMEOUT, runtime))
-        return out
-    if code != 0:
-        problems.append("`%s version` failed: %s" % (runtime, _short(text)))
-        return out
+    # One question when all is well (the image's id proves the runtime answers); `version` only when the answer
+    # is no, to tell a runtime that does not work from an image that is not there.
     inspect = [runtime, "image", "inspect", "--format", "{{.Id}}", image]
     code, text = _run(inspect, ASK_TIMEOUT, env)
     present = code == 0 and text
+    if not present:
+        code, said = _run([runtime, "version"], ASK_TIMEOUT, env) if code is not None else (None, "")
+        if code is None:
+            problems.append("`%s` did not answer within %gs (a stuck daemon?); restart %s there"
+                            % (runtime, ASK_TIMEOUT, runtime))
+            return out
+        if code != 0:
+            problems.append("`%s version` failed: %s" % (runtime, _short(said)))
+            return out
     if container["pull"] == "always" or (not present and container["pull"] == "missing"):
         code, pulled = _pull(runtime, image, env)
         if code is None:
