@@ -11,7 +11,8 @@ the image. Measured from the start of `clusterrun up`:
           imports torch: what torchrun's start, the container's start and the rendezvous cost);
   total   until `clusterrun up` ended (the ready check in the image, the job, the removal of the containers).
 
-The medians and their ratio (container / host) are printed and saved to bench/results/container-<time>.json.
+The medians, their ratio (container / host) and the median of each back-to-back pair's ratio are printed and
+saved to bench/results/container-<time>.json.
 """
 
 from __future__ import annotations
@@ -93,12 +94,16 @@ def main() -> None:
     summary = {label: {key: statistics.median(r[key] for r in runs) for key in ("ranks", "total")}
                for label, runs in results.items()}
     ratio = {key: summary["container"][key] / summary["host"][key] for key in ("ranks", "total")}
+    # Each pair ran back to back: its ratio cancels the drift of a shared machine's load between pairs.
+    pairs = {key: statistics.median(c[key] / h[key] for h, c in zip(results["host"], results["container"]))
+             for key in ("ranks", "total")}
     print(f"\nmedian until every rank runs: host {summary['host']['ranks']:.2f}s, container "
           f"{summary['container']['ranks']:.2f}s, ratio {ratio['ranks']:.2f}")
     print(f"median until up ended:        host {summary['host']['total']:.2f}s, container "
           f"{summary['container']['total']:.2f}s, ratio {ratio['total']:.2f}")
-    save_results({"nodes": args.nodes, "nproc": args.nproc, "runs": results, "median": summary, "ratio": ratio,
+    save_results({"nodes": args.nodes, "nproc": args.nproc, "runs": results, "median": summary, "ratio": ratio, "pair_ratio": pairs,
                   "machine": os.uname().nodename}, "container")
+    print(f"median of the pairs' ratios:  ranks {pairs['ranks']:.2f}, total {pairs['total']:.2f}")
     print(json.dumps(ratio))
 
 
