@@ -95,8 +95,8 @@ def main() -> None:
                for label, runs in results.items()}
     ratio = {key: summary["container"][key] / summary["host"][key] for key in ("ranks", "total")}
     # Each pair ran back to back: its ratio cancels the drift of a shared machine's load between pairs.
-    pairs = {key: statistics.median(c[key] / h[key] for h, c in zip(results["host"], results["container"]))
-             for key in ("ranks", "total")}
+    both = list(zip(results["host"], results["container"], strict=True))
+    pairs = {key: statistics.median(c[key] / h[key] for h, c in both) for key in ("ranks", "total")}
     print(f"\nmedian until every rank runs: host {summary['host']['ranks']:.2f}s, container "
           f"{summary['container']['ranks']:.2f}s, ratio {ratio['ranks']:.2f}")
     print(f"median until up ended:        host {summary['host']['total']:.2f}s, container "
