@@ -158,13 +158,20 @@ def test_a_failing_rank_keeps_its_exit_code_and_restarts_leave_no_container(sim_
 @pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
 def test_interrupting_clusterrun_leaves_no_container(sim_cluster: SimCluster, bed: PodmanBed, tmp_path: Path,
                                                      how: str) -> None:
+    """With Ctrl-C, the ranks first go silent long enough for a hang: the agent on the host takes the stacks of
+    the ranks in their containers (the hook writes them in the mounted run directory)."""
     inv = container_inventory(sim_cluster, tmp_path / "cluster.yaml", bed, nproc=1)
     (tmp_path / "sleeper.py").write_text(SLEEPER)
-    proc = start_clusterrun("up", str(inv), "sleeper.py", cwd=tmp_path)
+    hang = ("--hang-timeout", "3") if how == "SIGINT" else ()
+    proc = start_clusterrun("up", *hang, str(inv), "sleeper.py", cwd=tmp_path)
     try:
         wait_for_lines(proc, 2, "sleeping", timeout=120)
         run = the_run(tmp_path)
         assert len(bed.containers(run.name)) == 2
+        if hang:
+            stacks = [run / f"node{rank}" / f"stack-rank{rank}.txt" for rank in (0, 1)]
+            wait_until(lambda: all(p.exists() and "sleeper.py" in p.read_text() for p in stacks), 60,
+                       "both ranks' stacks taken in their containers")
         started = time.monotonic()
         proc.send_signal(getattr(signal, how))
         proc.communicate(timeout=60)
