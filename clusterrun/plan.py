@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun import redact
+from clusterrun.container import ContainerPlan, build_container
 from clusterrun.errors import PlanError
 from clusterrun.inventory.models import Inventory, Node, Transport
 from clusterrun.nccl import RuleContext, rule_env
@@ -78,6 +79,7 @@ class NodePlan:
     env: tuple[EnvVar, ...]
     data_nic: str | None
     data_address: str
+    container: ContainerPlan | None = None  # the job runs inside this image (None: on the host)
 
     @property
     def ranks(self) -> range:
@@ -106,6 +108,7 @@ class NodePlan:
             "script": self.script,
             "env": redact.env(self.env_dict()),  # a secret's value never leaves the node's spec
             "env_sources": {var.name: var.source for var in self.env},
+            "container": self.container.to_dict(self.argv) if self.container else None,
         }
 
 
@@ -158,6 +161,7 @@ class LaunchPlan:
             python=n["python"], argv=tuple(n["argv"]), cwd=n["cwd"], run_dir=n["run_dir"], script=n["script"],
             env=tuple(EnvVar(k, v, (n.get("env_sources") or {}).get(k, "")) for k, v in (n.get("env") or {}).items()),
             data_nic=n.get("data_nic"), data_address=n.get("data_address", ""),
+            container=ContainerPlan.from_dict(n["container"]) if n.get("container") else None,
         ) for n in data["nodes"])
         job = JobSpec(script=data.get("script", ""), run_id=data["run_id"], args=tuple(data.get("args") or ()))
         return cls(run_id=data["run_id"], job=job, master_addr=data["master_addr"], master_port=int(data["master_port"]),
@@ -311,12 +315,17 @@ def build_plan(inv: Inventory, job: JobSpec, ssh_addresses: Mapping[str, str] | 
             script,
             *job.args,
         )
+        env = _env(inv, index, node, ctx, job, (gpu_env or {}).get(node.name, ()))
+        settings = inv.container_of(node)
+        container = None if settings is None else build_container(
+            settings, run_id=job.run_id, node=node.name, run_dir=run_dir, cwd=cwd,
+            env={var.name: var.value for var in env}, gpus=tuple(node.gpus),
+            rdma=any(nic.kind.is_rdma for nic in node.nics))
         nodes.append(NodePlan(
             name=node.name, host=node.host, transport=inv.transport_of(node), node_rank=rank,
             nproc_per_node=nproc, rank_offset=offset, gpus=tuple(node.gpus), python=python, argv=argv,
-            cwd=cwd, run_dir=run_dir, script=script,
-            env=_env(inv, index, node, ctx, job, (gpu_env or {}).get(node.name, ())),
-            data_nic=path.nic, data_address=path.address,
+            cwd=cwd, run_dir=run_dir, script=script, env=env,
+            data_nic=path.nic, data_address=path.address, container=container,
         ))
         offset += nproc
     if len({n.nproc_per_node for n in nodes}) > 1:

@@ -21,6 +21,7 @@ NETWORK_MD = DOCS / "network.md"
 DOCTOR_MD = DOCS / "doctor.md"
 ONELINERS_MD = DOCS / "oneliners.md"
 OPERATIONS_MD = DOCS / "operations.md"
+CONTAINERS_MD = DOCS / "containers.md"
 
 # A fenced block: its language and its body (the fences start at the beginning of a line).
 _FENCE_RE = re.compile(r"^```(\w*)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
@@ -51,7 +52,7 @@ def invalid_examples() -> list[pytest.param]:
     return cases
 
 
-@pytest.mark.parametrize("text", [p for path in (INVENTORY_MD, NETWORK_MD, DOCTOR_MD, ONELINERS_MD)
+@pytest.mark.parametrize("text", [p for path in (INVENTORY_MD, NETWORK_MD, DOCTOR_MD, ONELINERS_MD, CONTAINERS_MD)
                                   for p in marked_yaml(path, "# inventory")])
 def test_documented_inventory_is_valid(text: str) -> None:
     inv = parse_inventory_text(text, "docs example")
@@ -69,7 +70,8 @@ def test_inventory_reference_has_full_examples() -> None:
     assert len(marked_yaml(INVENTORY_MD, "# inventory")) >= 5
 
 
-@pytest.mark.parametrize("path", [INVENTORY_MD, NETWORK_MD, DOCTOR_MD, ONELINERS_MD], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [INVENTORY_MD, NETWORK_MD, DOCTOR_MD, ONELINERS_MD, CONTAINERS_MD],
+                         ids=lambda p: p.name)
 def test_every_yaml_example_is_marked_so_it_is_checked(path: Path) -> None:
     unmarked = [
         body.splitlines()[0]

@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"errors", "remote", "redact"},
     {"inventory"},
     {"facts"},
-    {"plan", "nccl", "network", "gpuchoice"},
+    {"plan", "nccl", "network", "gpuchoice", "container"},
     {"transport"},
     {"runs", "notify"},
     {"agents"},

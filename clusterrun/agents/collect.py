@@ -51,15 +51,16 @@ class Collected:
 
 def collect(transport: Transport, *, node: str, python: str, run_id: str, run_dir: str,
             rank_offset: int, offsets: Mapping[str, int], sweep: bool, grace: float, max_bytes: int,
-            timeout: float, sink: OutSink, partial: bool = True) -> Collected:
+            timeout: float, sink: OutSink, partial: bool = True, container: dict[str, Any] | None = None) -> Collected:
     """Run ``collect`` on ``node``; every fetched byte goes to ``sink`` as it arrives.
 
     ``offsets``: bytes already received per ``"<rank>/<stream>"``; ``partial``: also send a last line that has
-    no newline yet (the run is over). Raises :class:`ClusterrunError` when the node cannot be reached and
+    no newline yet (the run is over); ``container``: the node's (its containers of the run are removed with the
+    sweep). Raises :class:`ClusterrunError` when the node cannot be reached and
     :class:`CommandTimeout` when it does not finish within ``timeout`` seconds.
     """
     spec = collect_spec(run_id=run_id, node=node, run_dir=run_dir, rank_offset=rank_offset, offsets=offsets,
-                        sweep=sweep, grace=grace, max_bytes=max_bytes, partial=partial)
+                        sweep=sweep, grace=grace, max_bytes=max_bytes, partial=partial, container=container)
     stream = start_mode(transport, python, protocol.COLLECT, spec)
     timed_out = threading.Event()
 

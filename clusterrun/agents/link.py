@@ -18,13 +18,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from clusterrun import remote
 from clusterrun.errors import CommandTimeout, ConnectError
 from clusterrun.plan import NodePlan
 from clusterrun.remote import protocol, session
+from clusterrun.remote.containers import PULLING
 from clusterrun.remote.protocol import Frame, FrameDecoder, frames
 from clusterrun.transport.base import CommandResult, Stream, Transport
 
@@ -99,9 +100,11 @@ class AgentLink:
         """One line to the agent's stdin; False when it can no longer be reached."""
         return self.stream.send(line if line.endswith("\n") else line + "\n")
 
-    def answer(self, kinds: Iterable[str], deadline: float) -> dict[str, Any]:
-        """The next event of one of ``kinds``, by the monotonic ``deadline``. Raises :class:`ConnectError` when
-        the stream ends first and :class:`CommandTimeout` at the deadline."""
+    def answer(self, kinds: Iterable[str], deadline: float,
+               progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """The next event of one of ``kinds``, by the monotonic ``deadline``; ``progress`` hears the node's
+        ``pulling`` events meanwhile. Raises :class:`ConnectError` when the stream ends first and
+        :class:`CommandTimeout` at the deadline."""
         wanted = set(kinds)
         while True:
             try:
@@ -115,6 +118,8 @@ class AgentLink:
             event = item.event
             if event.get("ev") in wanted:
                 return event
+            if event.get("ev") == PULLING and progress is not None:
+                progress(event)
             if event.get("ev") in (protocol.LAUNCHER, protocol.STREAM_ERROR) and len(self._said) < 50:
                 self._said.append(str(event.get("text", "")))
 

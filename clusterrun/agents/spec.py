@@ -16,6 +16,16 @@ from clusterrun.remote import protocol
 Spec = dict[str, Any]
 
 
+def container_spec(node: NodePlan) -> Spec | None:
+    """The node's container command in the parts the agent takes (``protocol.CONTAINER``), or None."""
+    c = node.container
+    if c is None:
+        return None
+    return protocol.CONTAINER.fill({"runtime": c.runtime.value, "image": c.image, "head": list(c.head),
+                                    "options": list(c.options), "labels": dict(c.labels), "env": dict(c.env),
+                                    "mounts": list(c.mounts), "pull": c.pull})
+
+
 def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: float,
              stage: Sequence[Sequence[str]] | None = None, detached: bool = False, script_args: int = 0,
              stacks: bool = False, flight: bool = False, load_every: float = 0.0,
@@ -51,15 +61,21 @@ def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: fl
         "load_every": load_every,
         "watch": watch,
         "gpus": list(node.gpus),
+        "container": container_spec(node),
     })
 
 
 def check_spec(run_dir: str, *, cache: str, hashes: Sequence[str], port: int | None,
-               idle: float = protocol.IDLE, choose_port: bool = False, run_id: str = "", node: str = "") -> Spec:
+               idle: float = protocol.IDLE, choose_port: bool = False, run_id: str = "",
+               node: NodePlan | None = None) -> Spec:
     """``check`` (before ``go``): the ready check of a node whose run directory is ``run_dir``; on the master,
-    ``port`` to lease and prove free, or ``choose_port`` to lease a free one (the user gave none)."""
+    ``port`` to lease and prove free, or ``choose_port`` to lease a free one (the user gave none). ``node``: the
+    node checked (its container's image is checked too)."""
+    extra = {} if node is None or node.container is None else {
+        "container": container_spec(node), "python": node.python, "env": node.env_dict()}
     return protocol.CHECK.fill({"run_dir": run_dir, "cache": cache, "hashes": sorted(set(hashes)), "port": port,
-                                "idle": idle, "choose_port": choose_port, "run_id": run_id, "node": node})
+                                "idle": idle, "choose_port": choose_port, "run_id": run_id,
+                                "node": node.name if node is not None else "", **extra})
 
 
 def exec_spec(command: str, timeout: float | None) -> Spec:
@@ -68,18 +84,18 @@ def exec_spec(command: str, timeout: float | None) -> Spec:
 
 
 def collect_spec(*, run_id: str, node: str, run_dir: str, rank_offset: int, offsets: Mapping[str, int],
-                 sweep: bool, grace: float, max_bytes: int, partial: bool) -> Spec:
+                 sweep: bool, grace: float, max_bytes: int, partial: bool, container: Spec | None = None) -> Spec:
     """``collect``: stop what is left (``sweep``) or say whether it runs, then the rank log bytes past ``offsets``."""
     return protocol.COLLECT.fill({"run_id": run_id, "node": node, "grace": float(grace), "run_dir": run_dir,
                                   "sweep": sweep, "rank_offset": rank_offset, "max_bytes": max_bytes,
-                                  "skip": dict(offsets), "partial": partial})
+                                  "skip": dict(offsets), "partial": partial, "container": container})
 
 
-def sweep_spec(run_id: str, node: str, grace: float) -> Spec:
-    """``sweep``: stop every process of the run on ``node``."""
-    return protocol.SWEEP.fill({"run_id": run_id, "node": node, "grace": float(grace)})
+def sweep_spec(run_id: str, node: str, grace: float, container: Spec | None = None) -> Spec:
+    """``sweep``: stop every process of the run on ``node`` (and remove its containers there, by label)."""
+    return protocol.SWEEP.fill({"run_id": run_id, "node": node, "grace": float(grace), "container": container})
 
 
-def ps_spec(run_id: str, node: str) -> Spec:
+def ps_spec(run_id: str, node: str, container: Spec | None = None) -> Spec:
     """``ps``: list the processes of the run on ``node``."""
-    return protocol.PS.fill({"run_id": run_id, "node": node})
+    return protocol.PS.fill({"run_id": run_id, "node": node, "container": container})

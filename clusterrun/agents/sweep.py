@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from clusterrun.agents.link import run_mode
-from clusterrun.agents.spec import ps_spec, sweep_spec
+from clusterrun.agents.spec import Spec, container_spec, ps_spec, sweep_spec
 from clusterrun.errors import ClusterrunError
 from clusterrun.plan import NodePlan
 from clusterrun.remote import protocol
@@ -29,10 +29,11 @@ def _pids(transport: Transport, python: str, kind: protocol.Spec, spec: dict, an
 
 
 def sweep(transport: Transport, *, python: str, run_id: str, node: str, grace: float,
-          timeout: float = SWEEP_TIMEOUT) -> list[int]:
-    """Stop every process of run ``run_id`` on ``node`` (SIGTERM, SIGKILL after ``grace`` seconds): the pids it
-    signalled. Raises :class:`ClusterrunError` when the node cannot be reached or the sweep fails."""
-    return _pids(transport, python, protocol.SWEEP, sweep_spec(run_id, node, grace), protocol.SWEPT,
+          timeout: float = SWEEP_TIMEOUT, container: Spec | None = None) -> list[int]:
+    """Stop every process of run ``run_id`` on ``node`` (SIGTERM, SIGKILL after ``grace`` seconds) and remove its
+    containers there (``container``: the node's, by label): the pids it signalled. Raises
+    :class:`ClusterrunError` when the node cannot be reached or the sweep fails."""
+    return _pids(transport, python, protocol.SWEEP, sweep_spec(run_id, node, grace, container), protocol.SWEPT,
                  timeout + grace)
 
 
@@ -46,7 +47,8 @@ def sweep_everywhere(run_id: str, nodes: Sequence[NodePlan], transport_of: Calla
     def one(node: NodePlan) -> list[int]:
         transport = transport_of(node)
         try:
-            return sweep(transport, python=node.python, run_id=run_id, node=node.name, grace=grace)
+            return sweep(transport, python=node.python, run_id=run_id, node=node.name, grace=grace,
+                         container=container_spec(node))
         finally:
             if close:
                 transport.close()
@@ -54,6 +56,7 @@ def sweep_everywhere(run_id: str, nodes: Sequence[NodePlan], transport_of: Calla
     return fan_out(nodes, lambda n: n.name, one, label="sweep", deadline=grace + SWEEP_TIMEOUT + slack)
 
 
-def ps(transport: Transport, *, python: str, run_id: str, node: str, timeout: float = SWEEP_TIMEOUT) -> list[int]:
+def ps(transport: Transport, *, python: str, run_id: str, node: str, timeout: float = SWEEP_TIMEOUT,
+       container: Spec | None = None) -> list[int]:
     """The processes of run ``run_id`` still on ``node``. Raises :class:`ClusterrunError` as :func:`sweep`."""
-    return _pids(transport, python, protocol.PS, ps_spec(run_id, node), protocol.ALIVE, timeout)
+    return _pids(transport, python, protocol.PS, ps_spec(run_id, node, container), protocol.ALIVE, timeout)

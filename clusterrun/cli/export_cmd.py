@@ -55,12 +55,16 @@ def _output_options(func: F) -> F:
 
 def _kube_options(func: F) -> F:
     options = [
-        click.option("--image", metavar="IMAGE", help="The container image with torch and the script (required)."),
         click.option("--namespace", metavar="NS", help="The namespace to create the job in (default: kubectl's)."),
     ]
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def _image(plan: Any) -> str | None:
+    """The image of the job: --image, else the inventory's container.image (the first node's)."""
+    return plan.master.container.image if plan.master.container is not None else None
 
 
 def _write(text: str, output: Path | None, force: bool, done: str, plan: Any, warnings: tuple[str, ...] = ()) -> int:
@@ -131,7 +135,7 @@ One Master and N-1 Worker replicas; torchrun gets the ranks from the training op
 @_kube_options
 @with_job
 def pytorchjob(inv: Any, plan: Any, runs_dir: Any, output: Path | None, force: bool, name: str | None,
-               image: str | None, namespace: str | None) -> int:
+               namespace: str | None) -> int:
     """Write a Kubeflow PyTorchJob (kubeflow.org/v1) for the job.
 
     It carries the node count, processes and GPUs per node, the NCCL/Gloo environment that names no
@@ -140,7 +144,7 @@ def pytorchjob(inv: Any, plan: Any, runs_dir: Any, output: Path | None, force: b
     from clusterrun.export.kubeflow import KubeOptions, cpu_only
     from clusterrun.export.kubeflow import pytorchjob as render
 
-    options = KubeOptions(image=image, name=name, namespace=namespace)
+    options = KubeOptions(image=_image(plan), name=name, namespace=namespace)
     namespace_flag = f" -n {namespace}" if namespace else ""
     return _write(render(plan, inv, options), output, force, f"start it with `kubectl apply{namespace_flag} -f {{file}}`",
                   plan, tuple(filter(None, [cpu_only(plan)])))
@@ -165,7 +169,7 @@ The TrainJob runs on a ClusterTrainingRuntime of Kubeflow Trainer (default torch
               help="The ClusterTrainingRuntime the TrainJob runs on.")
 @with_job
 def trainjob(inv: Any, plan: Any, runs_dir: Any, output: Path | None, force: bool, name: str | None,
-             image: str | None, namespace: str | None, runtime: str) -> int:
+             namespace: str | None, runtime: str) -> int:
     """Write a Kubeflow TrainJob (trainer.kubeflow.org/v1alpha1) for the job.
 
     It carries the node count (numNodes), processes per node (numProcPerNode), GPUs per node, the
@@ -175,7 +179,7 @@ def trainjob(inv: Any, plan: Any, runs_dir: Any, output: Path | None, force: boo
     from clusterrun.export.kubeflow import KubeOptions, cpu_only
     from clusterrun.export.kubeflow import trainjob as render
 
-    options = KubeOptions(image=image, name=name, namespace=namespace, runtime=runtime)
+    options = KubeOptions(image=_image(plan), name=name, namespace=namespace, runtime=runtime)
     namespace_flag = f" -n {namespace}" if namespace else ""
     return _write(render(plan, inv, options), output, force, f"start it with `kubectl apply{namespace_flag} -f {{file}}`",
                   plan, tuple(filter(None, [cpu_only(plan)])))

@@ -42,6 +42,10 @@ def job_options(func: F) -> F:
         click.option("--sync", "sync_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
                      metavar="DIR", help="Copy DIR (your code: modules next to SCRIPT, configs) to every node's run "
                      "directory; unchanged content is not copied again. Not needed with shared_fs."),
+        click.option("--image", metavar="IMAGE", help="Run the job inside this container image on every node "
+                     "(wins over the inventory's container.image; see docs/containers.md)."),
+        click.option("--container-runtime", type=click.Choice(["docker", "podman", "apptainer"]),
+                     help="The container runtime on the nodes (default: container.runtime, else docker)."),
         click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
                      show_default=True, help="Where run directories (plan, logs, status) are written."),
         click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of tables."),
@@ -107,7 +111,8 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
               nproc_per_node: int | None, master_port: int | None, env: tuple[str, ...],
               runs_dir: Path, sync_dir: Path | None = None, env_forward: tuple[str, ...] = (),
               sources: dict[str, Any] | None = None, rank_order: str | None = None, cpu_bind: str | None = None,
-              allow_busy_gpus: bool = False) -> tuple[Any, Any]:
+              allow_busy_gpus: bool = False, image: str | None = None,
+              container_runtime: str | None = None) -> tuple[Any, Any]:
     """Load the nodes and make the plan: returns (inventory, LaunchPlan). Raises ClusterrunError."""
     from clusterrun.errors import UsageError
     from clusterrun.inventory.hostspec import parse_env_assignments
@@ -116,6 +121,10 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
     from clusterrun.runs import new_run_id
 
     inv = load_nodes(inventory, nproc_per_node=nproc_per_node, **(sources or {}))
+    if image or container_runtime:
+        from clusterrun.cli.container_options import with_container
+
+        inv = with_container(inv, image, container_runtime)
     # --env wins over what --env-forward brings along (both may name the same variable).
     env_vars = {**_env_values(parse_env_assignments(forwarded_env(env_forward), "--env-forward"), "--env-forward"),
                 **_env_values(parse_env_assignments(list(env), "--env"), "--env")}
@@ -183,7 +192,7 @@ def with_job(func: F) -> F:
                 rank_order: str | None, env: tuple[str, ...], env_forward: tuple[str, ...], runs_dir: Path, sync_dir: Path | None,
                 ips: str | None, hostfile: Path | None, slurm: str | None, gpus: str | None, ssh_user: str | None,
                 ssh_config: Path | None, node_python: str | None, data_nic: str | None, node_pattern: str | None,
-                **rest: Any) -> Any:
+                image: str | None, container_runtime: str | None, **rest: Any) -> Any:
         sources = {"ips": ips, "hostfile": hostfile, "slurm": slurm, "gpus": gpus, "ssh_user": ssh_user,
                    "ssh_config": ssh_config, "node_python": node_python, "data_nic": data_nic,
                    "node_pattern": node_pattern}
@@ -196,7 +205,7 @@ def with_job(func: F) -> F:
         inv, plan = build_job(inventory, script, script_args, module=module, nproc_per_node=nproc_per_node,
                               master_port=master_port, env=env, runs_dir=runs_dir, sync_dir=sync_dir,
                               env_forward=env_forward, sources=sources, rank_order=rank_order, cpu_bind=cpu_bind,
-                              allow_busy_gpus=allow_busy_gpus)
+                              allow_busy_gpus=allow_busy_gpus, image=image, container_runtime=container_runtime)
         return func(inv=inv, plan=plan, runs_dir=runs_dir, **rest)
 
     return wrapper  # type: ignore[return-value]

@@ -56,7 +56,14 @@ def print_plan(plan: LaunchPlan, file: TextIO | None = None) -> None:
         table.add_row("processes", f"{node.nproc_per_node}" + (f" on GPUs {list(node.gpus)}" if node.gpus else " (CPU)"))
         table.add_row("data NIC", f"{node.data_nic or '?'} {node.data_address}")
         table.add_row("cwd", node.cwd)
-        table.add_row("command", shell_command(node.argv))
+        if node.container is not None:
+            table.add_row("image", f"{node.container.image} ({node.container.runtime.value}, pull: "
+                                   f"{node.container.pull})")
+            table.add_row("command", shell_command(node.container.argv(node.argv)))
+            if node.container.env:
+                table.add_row("in the image", " ".join(f"{k}={v}" for k, v in node.container.env))
+        else:
+            table.add_row("command", shell_command(node.argv))
         env = Table(show_header=False, box=None, padding=(0, 1))
         env.add_column(no_wrap=True)
         env.add_column(overflow="fold", min_width=24)

@@ -14,7 +14,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from clusterrun import remote
 from clusterrun.doctor.facts import FACTS, MISSING, NodeFacts, Section
@@ -107,8 +107,12 @@ def parse_probe(node: str, text: str, sections: Mapping[str, str] = SECTIONS) ->
 
 
 def probe_node(node: str, python: str, transport: Transport, timeout: float = PROBE_TIMEOUT,
-               path: tuple[str, ...] = ()) -> NodeFacts:
-    """Probe one node. Never raises for node problems: they come back in ``NodeFacts.error``."""
+               path: tuple[str, ...] = (), inside: Sequence[str] = (), env: Mapping[str, str] | None = None
+               ) -> NodeFacts:
+    """Probe one node. Never raises for node problems: they come back in ``NodeFacts.error``.
+
+    ``inside``: the container command (up to its image) the probe runs in, when the job runs in an image: the
+    python, torch, NCCL, /dev/shm, memlock and devices the job will see; ``env``: the runtime's settings."""
     try:
         t0 = time.monotonic()
         transport.connect()
@@ -116,7 +120,8 @@ def probe_node(node: str, python: str, transport: Transport, timeout: float = PR
         transport.run(["true"], timeout=timeout)
         t2 = time.monotonic()
         before = time.time()
-        result = transport.run(["sh", "-c", probe_script(python, path=path)], timeout=timeout)
+        result = transport.run([*inside, "sh", "-c", probe_script(python, path=path)], timeout=timeout,
+                               env=dict(env) if env else None)
     except ClusterrunError as exc:
         return NodeFacts(node, error=getattr(exc, "reason", None) or str(exc))
     sections = parse_probe(node, result.stdout)

@@ -15,15 +15,20 @@ from clusterrun.doctor.probe import probe_node
 from clusterrun.doctor.recommend import recommend
 from clusterrun.doctor.registry import Check, Context, Options
 from clusterrun.doctor.report import Report
-from clusterrun.inventory.models import Inventory
+from clusterrun.inventory.models import Inventory, Node
 from clusterrun.transport.base import Transport
 from clusterrun.transport.factory import open_node_transports
 from clusterrun.transport.fanout import fan_out
 
 
 def probe_all(inv: Inventory, transports: dict[str, Transport], path: tuple[str, ...] = ()) -> dict[str, NodeFacts]:
-    got = fan_out(inv.nodes, lambda n: n.name, lambda n: probe_node(n.name, inv.python_of(n), transports[n.name],
-                                                                     path=path), label="probe")
+    from clusterrun.doctor.in_image import image_command
+
+    def one(node: Node) -> NodeFacts:
+        inside, env = image_command(inv, node)
+        return probe_node(node.name, inv.python_of(node), transports[node.name], path=path, inside=inside, env=env)
+
+    got = fan_out(inv.nodes, lambda n: n.name, one, label="probe")
     return got.results  # probe_node turns a node's failure into its facts; nothing lands in got.errors
 
 

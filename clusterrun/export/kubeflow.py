@@ -58,7 +58,8 @@ class KubeOptions:
     def __post_init__(self) -> None:
         if not self.image:
             raise UsageError("--image is required: the container image that has torch and your code, like "
-                             "--image ghcr.io/acme/train:1.4 (Kubernetes runs the script from it)")
+                             "--image ghcr.io/acme/train:1.4 (Kubernetes runs the script from it), or "
+                             "container.image in the inventory")
         if not _IMAGE_RE.fullmatch(self.image) or len(self.image) > _IMAGE_MAX:
             raise UsageError(f"--image {self.image!r}: an image reference has no spaces or control characters and at "
                              f"most {_IMAGE_MAX} characters, like --image ghcr.io/acme/train:1.4")

@@ -20,6 +20,7 @@ from clusterrun.errors import UsageError
 from clusterrun.export.carry import runtime_only
 from clusterrun.export.comments import bullets, one_line, paragraph
 from clusterrun.export.environment import JobEnv, job_env
+from clusterrun.export.pyxis import pyxis_flags
 from clusterrun.inventory.models import Inventory, Transport
 from clusterrun.network import LOOPBACK
 from clusterrun.plan import LaunchPlan, NodePlan
@@ -293,9 +294,12 @@ class _Script:
         lines += [
             *paragraph("One task per node; when one node's torchrun fails, Slurm stops the others "
                        "(--kill-on-bad-exit). The functions above travel to the nodes as text, the script's arguments "
-                       "as they were typed."),
+                       "as they were typed." + (" The step runs inside the image on every node (pyxis and enroot: "
+                                                "the node's network, IPC and devices are shared)."
+                                                if self.plan.master.container else "")),
             'srun --export=ALL --ntasks-per-node=1 --kill-on-bad-exit=1 ${SLURM_CPUS_PER_TASK:+--cpus-per-task='
             '"$SLURM_CPUS_PER_TASK"} \\',
+            *([f"{_INDENT}{' '.join(pyxis_flags(self.plan, cwd))} \\"] if self.plan.master.container else []),
             f'{_INDENT}bash -c "$(declare -f {functions}); node_step \\"\\$@\\"" node_step \\',
             f"{_INDENT}{shlex.join(argv)}",
         ]

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from clusterrun.inventory.container import ContainerSettings, container_problems
 from clusterrun.inventory.run_settings import RunSettings, _Model
 from clusterrun.inventory.types import (
     MAX_NODES,
@@ -144,6 +145,7 @@ class Defaults(_Model):
     shared_fs: bool = Field(default=False, description="true when workdir is on a filesystem every node shares (no copying)")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     nproc_per_node: Annotated[int, Field(ge=1, le=1024)] | None = None
+    container: ContainerSettings | None = Field(default=None, description="run the job inside this image")
 
 
 class Network(_Model):
@@ -210,6 +212,7 @@ class Node(_Model):
         default=None, description="pin this node's rank")
     spare: bool = Field(default=False, description="takes no part until a node is lost, then takes its place "
                                                    "(with up --max-restarts)")
+    container: ContainerSettings | None = Field(default=None, description="over defaults.container, key by key")
 
     _coerce_gpus = field_validator("gpus", mode="before", json_schema_input_type=list[int] | int)(
         lambda cls, v: _gpus_from_count(v))
@@ -285,6 +288,10 @@ class Inventory(_Model):
     def ssh_of(self, node: Node) -> SshSettings:
         return node.ssh.merged_over(self.defaults.ssh)
 
+    def container_of(self, node: Node) -> ContainerSettings | None:
+        """The node's container settings (its own over the defaults), or None: the job runs on the host."""
+        return node.container.merged_over(self.defaults.container) if node.container else self.defaults.container
+
 
 def inventory_problems(inv: Inventory) -> Iterator[tuple[Path, str]]:
     """Yield ``(path, message)`` for every cross-field rule the inventory breaks."""
@@ -307,6 +314,7 @@ def inventory_problems(inv: Inventory) -> Iterator[tuple[Path, str]]:
             )
         seen_hosts.setdefault(key, i)
         yield from _node_problems(i, node)
+    yield from container_problems([node.container for node in inv.nodes], inv.defaults.container)
     yield from _rank_problems(inv)
     yield from _network_problems(inv)
 

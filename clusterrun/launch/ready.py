@@ -16,7 +16,7 @@ import hashlib
 import os
 import posixpath
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +51,8 @@ class NodeReady(ProbedNode):
     copied: list[str] = field(default_factory=list)
     stage: list[tuple[str, str, str]] = field(default_factory=list)  # (cache path, destination, kind)
     link: AgentLink | None = field(default=None, repr=False, compare=False)  # the node's agent, waiting for `go`
+    image_id: str | None = None  # the container image's id on the node (None: no container)
+    pulled: bool = False  # the node pulled the image for this run
 
 
 def _sha256(path: Path) -> str:
@@ -121,7 +123,7 @@ def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[St
     master = node.node_rank == 0
     spec = check_spec(node.run_dir, cache=REMOTE_CACHE, hashes=[f.digest for f in staged],
                       port=plan.master_port if master and not plan.choose_port else None,
-                      choose_port=master and plan.choose_port, run_id=plan.run_id, node=node.name)
+                      choose_port=master and plan.choose_port, run_id=plan.run_id, node=node)
     if early is not None and early.has(node.name):  # connecting since `up` had the plan
         began, connected = early.wait(node.name, PREFLIGHT_TIMEOUT)
         timeline.begin(node.name, "connect", began)
@@ -136,11 +138,13 @@ def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[St
 
 
 def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: float,
-            timeline: Timeline) -> tuple[NodeReady, set[str]]:
+            timeline: Timeline, progress: Callable[[str, str], None] | None = None) -> tuple[NodeReady, set[str]]:
     """What the node reported, with the staged files its cache lacks; or the error that says why the node cannot
     run the job."""
     try:
-        answer = link.answer((session.READY, protocol.ERROR), deadline)
+        said = None if progress is None else (
+            lambda event: progress(node.name, f"pulling {event.get('image')} ({event.get('seconds')}s so far)"))
+        answer = link.answer((session.READY, protocol.ERROR), deadline, said)
         # The answer arrived when its bytes did (the node says nothing more until asked), not when it was read here.
         received = time.time() - (time.monotonic() - link.heard)
         sent = timeline.started(node.name, "agent") or received
@@ -159,11 +163,12 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
     if report["problems"]:
         kind = NoTorch if report.get("no_torch") else NodeNotReady
         raise kind(node.name, "; ".join(report["problems"]))
-    return NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
-                     ssh_address=transport.peer_address(), gpus=report.get("gpus"), leases=report.get("leases"),
-                     master_port=report.get("master_port"), topology_addr=report.get("topology_addr"),
-                     gpu=report.get("gpu"),
-                     link=link), set(report["missing"])
+    found = NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
+                      ssh_address=transport.peer_address(), gpus=report.get("gpus"), leases=report.get("leases"),
+                      master_port=report.get("master_port"), topology_addr=report.get("topology_addr"),
+                      gpu=report.get("gpu"), link=link)
+    found.image_id, found.pulled = report.get("image_id"), bool(report.get("pulled"))
+    return found, set(report["missing"])
 
 
 def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], missing: set[str],
@@ -182,10 +187,12 @@ def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], mis
 
 
 def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport], timeline: Timeline | None = None,
-                early: EarlyConnections | None = None) -> dict[str, NodeReady]:
+                early: EarlyConnections | None = None,
+                progress: Callable[[str, str], None] | None = None) -> dict[str, NodeReady]:
     """Start every node's agent, check and stage every node. Raises :class:`StartError` naming every node that
     failed (after dropping every agent: nothing waits on a node for a job that will not come). Each step's time
     goes to ``timeline`` (connect, agent, ready, staging); the connections of ``early`` are already under way.
+    ``progress`` hears (node, what) while a node pulls its image.
 
     Three steps, so that no thread waits on a node's answer: connect and start the agents (in parallel), read
     the answers as they come (each node's agent has its own reader), copy what is missing (in parallel)."""
@@ -194,15 +201,17 @@ def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport], timeline:
     nodes = {node.name: node for node in plan.nodes}
     links, problems = on_every_node(plan.nodes, lambda n: n.name,
                                     lambda n: _ask(plan, n, transports[n.name], staged[n.name], timeline, early), "preflight")
-    deadline = time.monotonic() + PREFLIGHT_TIMEOUT
+    deadline = time.monotonic() + PREFLIGHT_TIMEOUT + (_image_bound() if any(n.container for n in plan.nodes) else 0)
     ready: dict[str, NodeReady] = {}
     missing: dict[str, set[str]] = {}
     for name, link in links.items():
         try:
-            ready[name], missing[name] = _answer(nodes[name], link, transports[name], deadline, timeline)
+            ready[name], missing[name] = _answer(nodes[name], link, transports[name], deadline, timeline, progress)
         except ClusterrunError as exc:
             problems[name] = getattr(exc, "reason", str(exc))
             link.abort()
+    if not problems:
+        problems.update(image_problems(plan, ready))
     if not problems:
         _, copy_problems = on_every_node(
             [nodes[name] for name in ready], lambda n: n.name,
@@ -213,6 +222,61 @@ def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport], timeline:
         raise StartError({n.name: problems[n.name] for n in plan.nodes if n.name in problems},
                          hint="fix the above (`clusterrun plan` shows what each node would run); no node was started")
     return ready
+
+
+def _image_bound() -> float:
+    """Seconds a node's image check may add: each of its steps is bounded on the node (containers.py)."""
+    from clusterrun.remote import containers
+
+    return containers.PULL_TIMEOUT + containers.TORCH_TIMEOUT + 3 * containers.ASK_TIMEOUT
+
+
+def image_problems(plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> dict[str, str]:
+    """Per node, why its image is not the one the others run: one tag may name different images on different
+    nodes (pulled on different days), and ranks of different builds fail in ways that name neither."""
+    by_image: dict[str, dict[str, list[str]]] = {}
+    for node in plan.nodes:
+        got = ready.get(node.name)
+        if node.container is not None and got is not None and got.image_id:
+            by_image.setdefault(node.container.image, {}).setdefault(got.image_id, []).append(node.name)
+    problems: dict[str, str] = {}
+    for image, ids in by_image.items():
+        if len(ids) < 2:
+            continue
+        common = max(ids.values(), key=len)
+        for image_id, names in ids.items():
+            if names is common:
+                continue
+            for name in names:
+                problems[name] = (f"the image {image} is {_short_id(image_id)} here, but "
+                                  f"{_short_id(common_id(ids, common))} on {', '.join(common)}; pull the same image on "
+                                  "every node (or name it by digest)")
+    return problems
+
+
+def image_lines(plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> list[str]:
+    """What the nodes run in: per image, its id, the torch in it and the nodes that had to pull it."""
+    lines = []
+    for image in dict.fromkeys(n.container.image for n in plan.nodes if n.container is not None):
+        nodes = [n for n in plan.nodes if n.container is not None and n.container.image == image and n.name in ready]
+        if not nodes:
+            continue
+        ids = {ready[n.name].image_id for n in nodes if ready[n.name].image_id}
+        torch = sorted({ready[n.name].torch_version for n in nodes if ready[n.name].torch_version})
+        pulled = [n.name for n in nodes if ready[n.name].pulled]
+        lines.append(f"image {image} ({nodes[0].container.runtime.value}"
+                     + (f", {_short_id(next(iter(ids)))}" if len(ids) == 1 else "")
+                     + f") on {len(nodes)} node(s), torch {', '.join(torch) or '?'}"
+                     + (f"; pulled on {', '.join(pulled)}" if pulled else ""))
+    return lines
+
+
+def _short_id(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:12]
+
+
+def common_id(ids: Mapping[str, list[str]], names: list[str]) -> str:
+    return next(image_id for image_id, found in ids.items() if found is names)
 
 
 def drop(ready: Mapping[str, NodeReady]) -> None:

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Mapping
 
 from clusterrun.agents.collect import collect
+from clusterrun.agents.spec import container_spec
 from clusterrun.agents.sweep import sweep_everywhere
 from clusterrun.errors import ClusterrunError
 from clusterrun.launch.console import Console
@@ -49,7 +50,8 @@ def _collect(plan: LaunchPlan, node: NodePlan, transport: Transport, relay: LogR
         offsets = relay.offsets(node.name)
     try:
         got = collect(transport, node=node.name, python=node.python, run_id=plan.run_id, run_dir=node.run_dir, rank_offset=node.rank_offset, offsets=offsets,
-                      sweep=lost, grace=grace, max_bytes=MAX_BYTES, timeout=COLLECT_TIMEOUT + grace, sink=sink)
+                      sweep=lost, grace=grace, max_bytes=MAX_BYTES, timeout=COLLECT_TIMEOUT + grace, sink=sink,
+                      container=container_spec(node))
     except ClusterrunError as exc:
         why = getattr(exc, "reason", None) or str(exc)
         if lost:

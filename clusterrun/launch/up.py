@@ -17,7 +17,7 @@ from clusterrun.launch.console import Console
 from clusterrun.launch.detach import start_detached
 from clusterrun.launch.outcome import Attempt, RankState, RunOutcome, Signature, no_restart, signature, untrusted_nodes
 from clusterrun.launch.pathcheck import quick_check
-from clusterrun.launch.ready import NodeReady, check_ready, drop, remove_archives
+from clusterrun.launch.ready import NodeReady, check_ready, drop, image_lines, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
 from clusterrun.launch.replan import CannotContinue, GpuWait, backoff, plan_with_facts, recompose
 from clusterrun.launch.settings import RestartSettings, SupervisorSettings, with_restarts
@@ -209,7 +209,8 @@ class _Run:
                 self.console.info(f"checking {plan.nnodes} node(s)...")
             self.timeline, early, self.early = Timeline(), self.early, None
             try:
-                ready = check_ready(plan, self.transports, self.timeline, early)
+                ready = check_ready(plan, self.transports, self.timeline, early,
+                                    lambda node, what: self.console.info(f"{node}: {what}"))
             except StartError as exc:
                 failed = {n: why for n, why in exc.problems.items() if n in attempt.nodes}
                 if not failed or len(failed) < len(exc.problems) or not (self.restarts.may_drop or self.spares):
@@ -236,6 +237,8 @@ class _Run:
             except BaseException:
                 drop(ready)  # every agent waits for a job that will not come
                 raise
+            for line in image_lines(plan, ready):
+                self.console.info(line)
             copied = sum(len(r.copied) for r in ready.values())
             if copied:
                 self.console.info(f"copied {copied} file(s) to the nodes")

@@ -60,7 +60,7 @@ def _packed(name: str) -> str:
 
 
 # What the agent imports, sent with it, in import order.
-AGENT_MODULES = ("protocol", "wire", "procs", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
+AGENT_MODULES = ("protocol", "wire", "procs", "containers", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
                  "ready", "session", "job", "collect", "execmode")
 #: The modules a program other than the agent imports, sent with it when it goes inline.
 PROGRAM_MODULES = {"nodefacts": ("gpufacts",)}

@@ -22,9 +22,10 @@ import signal
 import sys
 
 if __package__:  # imported as part of clusterrun (by clusterrun itself, by tests)
-    from clusterrun.remote import collect, execmode, job, leases, procs, protocol, session, wire
+    from clusterrun.remote import collect, containers, execmode, job, leases, procs, protocol, session, wire
 else:  # run on a node: as a file beside its modules, or sent inline with them (see clusterrun.remote.argv)
     import collect
+    import containers
     import execmode
     import job
     import leases
@@ -41,20 +42,25 @@ def sweep(spec: dict) -> int:
     """Stop every process of the run on this node (SIGTERM, SIGKILL after the grace period): ``swept`` (pids)."""
     exclude = {os.getpid(), os.getppid()}
     pids = procs.stop_processes(lambda: procs.marked(spec["run_id"], exclude, spec["node"]), spec["grace"])
-    wire.emit({"ev": protocol.SWEPT, "pids": pids})
+    container = spec["container"]
+    # A container's processes were stopped above (they carry the run's marker too); its record goes by label.
+    extra = {"containers": containers.remove(container["runtime"], container["labels"])} if container else {}
+    wire.emit({"ev": protocol.SWEPT, "pids": pids, **extra})
     return 0
 
 
 def ps(spec: dict) -> int:
-    """The processes of the run on this node: ``alive`` (pids). Without a run id, every run here: ``alive`` with
-    ``runs`` (this user's runs by their processes, see procs.runs) and ``leases`` (every user's, by their GPU and
-    master-port leases: {"gpus": {index: holder}, "ports": {port: holder}})."""
+    """The processes of the run on this node: ``alive`` (pids, and the run's containers here). Without a run id,
+    every run here: ``alive`` with ``runs`` (this user's runs by their processes, see procs.runs) and ``leases``
+    (every user's, by their GPU and master-port leases: {"gpus": {index: holder}, "ports": {port: holder}})."""
     exclude = {os.getpid(), os.getppid()}
     if not spec["run_id"]:
         wire.emit({"ev": protocol.ALIVE, "pids": [], "runs": procs.runs(exclude),
                    "leases": {"gpus": leases.held(leases.GPU), "ports": leases.held(leases.PORT)}})
         return 0
-    wire.emit({"ev": protocol.ALIVE, "pids": procs.marked(spec["run_id"], exclude, spec["node"])})
+    container = spec["container"]
+    extra = {"containers": containers.listed(container["runtime"], container["labels"])} if container else {}
+    wire.emit({"ev": protocol.ALIVE, "pids": procs.marked(spec["run_id"], exclude, spec["node"]), **extra})
     return 0
 
 

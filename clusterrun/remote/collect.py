@@ -12,8 +12,9 @@ import json
 import os
 
 if __package__:
-    from clusterrun.remote import procs, protocol, tailing, wire
+    from clusterrun.remote import containers, procs, protocol, tailing, wire
 else:
+    import containers
     import procs
     import protocol
     import tailing
@@ -31,7 +32,9 @@ def collect(spec: dict) -> int:
     exclude = {os.getpid(), os.getppid()}
     if spec["sweep"]:
         pids = procs.stop_processes(lambda: procs.marked(spec["run_id"], exclude, spec["node"]), spec["grace"])
-        wire.emit({"ev": protocol.SWEPT, "pids": pids})
+        container = spec["container"]
+        extra = {"containers": containers.remove(container["runtime"], container["labels"])} if container else {}
+        wire.emit({"ev": protocol.SWEPT, "pids": pids, **extra})
     else:  # only reading the logs of a run that goes on (a detached one): say whether it still runs
         wire.emit({"ev": protocol.ALIVE, "pids": procs.marked(spec["run_id"], exclude, spec["node"])})
     run_dir = os.path.expanduser(spec["run_dir"])

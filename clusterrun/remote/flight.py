@@ -18,6 +18,11 @@ import errno
 import os
 import time
 
+if __package__:
+    from clusterrun.remote import procs
+else:
+    import procs
+
 BUFFER_ENTRIES = "2000"  # collectives kept per process: torch's own suggestion for debugging hangs
 REQUEST_TIMEOUT = 10.0
 TIMEOUT_DUMP_PREFIX = "nccl-rank"  # torch appends the rank
@@ -65,7 +70,7 @@ def env(run_dir, job_env, version=None):
 def _ask(where, pid):
     """Open the worker's FIFO without blocking and write one byte: True when a hook was there to read it."""
     try:
-        fd = os.open(os.path.join(where, "ask-%d" % pid), os.O_WRONLY | os.O_NONBLOCK)
+        fd = os.open(os.path.join(where, "ask-%d" % procs.ns_pid(pid)), os.O_WRONLY | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno in (errno.ENXIO, errno.ENOENT):  # no reader (no hook, or the process is gone)
             return False
@@ -81,7 +86,7 @@ def request(pids, where, timeout=REQUEST_TIMEOUT):
     """Ask each of ``pids`` for its dump; ``{pid: (bytes or None, why)}`` once all answered or ``timeout``."""
     asked, out = {}, {}
     for pid in pids:
-        path = os.path.join(where, "flight-%d.json" % pid)
+        path = os.path.join(where, "flight-%d.json" % procs.ns_pid(pid))  # the pid the worker sees (a container)
         try:
             os.unlink(path)
         except OSError:

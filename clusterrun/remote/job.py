@@ -29,8 +29,9 @@ import threading
 import time
 
 if __package__:
-    from clusterrun.remote import flight, leases, pathwatch, procs, protocol, stacks, tailing, wire
+    from clusterrun.remote import containers, flight, leases, pathwatch, procs, protocol, stacks, tailing, wire
 else:
+    import containers
     import flight
     import leases
     import pathwatch
@@ -275,6 +276,13 @@ class Agent:
         if taken:
             wire.emit({"ev": protocol.ERROR, "text": "not started: %s" % taken, "time": time.time()})
             return self._finish(125, None, {}, reason="not started: %s" % taken)
+        container = self.spec["container"]
+        if container is not None:
+            # torchrun is the container's main process; the runtime's client stays this agent's child, and the
+            # variables go by name only (their values from the client's environment, never in an argv).
+            names = [k for k in env if k in self.spec["env"] or os.environ.get(k) != env[k]]
+            env.update(container["env"])
+            argv = containers.argv(container, names, argv)
         try:
             proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -305,6 +313,8 @@ class Agent:
         me = os.getpid()
         procs.stop_processes(lambda: procs.descendants(me), self.grace)
         procs.stop_processes(lambda: procs.marked(self.run_id, {me}, self.node), 0.5)
+        if container is not None:  # what the runtime keeps of it (``--rm`` alone misses a killed client)
+            containers.remove(container["runtime"], container["labels"], env=env)
         reader.join(timeout=2.0)
         self._drain(tailer)
         if self.flight:

@@ -28,6 +28,19 @@ def prctl(option: int, value: int) -> bool:
         return False
 
 
+def ns_pid(pid: int) -> int:
+    """``pid`` as the process itself sees it: in a container (its own PID namespace) the innermost of its
+    ``NSpid``; the same number elsewhere. The workers' hook names its files by the pid it sees."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as fh:
+            for line in fh:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
+
+
 def _proc_ppids() -> dict:
     out = {}
     for name in os.listdir("/proc"):

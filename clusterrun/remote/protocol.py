@@ -257,6 +257,16 @@ STACKS_SPEC = Spec("stacks", {
     "hook": ((str,), REQUIRED),  # the text of stackhook.py, written into the run directory
     "flight": ((bool,), False),  # torch's flight recorder on in the workers (the hang watch)
 })
+CONTAINER = Spec("container", {  # the plan's container command in parts (clusterrun/container.py)
+    "runtime": ((str,), REQUIRED),  # docker, podman or apptainer
+    "image": ((str,), REQUIRED),
+    "head": ((list,), REQUIRED),  # the runtime's run command up to the --env flags
+    "options": ((list,), list),  # the user's, after the --env flags
+    "labels": ((dict,), dict),  # the run's containers on this node carry these (removal by label)
+    "env": ((dict,), dict),  # what the container sees instead of the node's values (CUDA_VISIBLE_DEVICES)
+    "mounts": ((list,), list),  # the user's SRC:DST[:ro] (their sources are checked before the start)
+    "pull": ((str,), "missing"),
+})
 RUN = Spec("run", {
     "run_id": ((str,), REQUIRED),
     "node": ((str,), ""),
@@ -274,6 +284,7 @@ RUN = Spec("run", {
     "load_every": ((float,), 0.0),  # 0: no ``load`` events
     "watch": ((dict, None), None, WATCH_SPEC),
     "gpus": ((list,), list),  # the GPUs the run leases on this node for its whole life (see leases.py)
+    "container": ((dict, None), None, CONTAINER),  # none: torchrun runs on the host
 })
 EXEC = Spec("exec", {
     "command": ((str,), REQUIRED),
@@ -289,15 +300,18 @@ COLLECT = Spec("collect", {
     "max_bytes": ((int,), COLLECT_MAX_BYTES),
     "skip": ((dict,), dict),  # {"<rank>/<stream>": bytes already received}
     "partial": ((bool,), True),  # send an unfinished last line too (the run is over)
+    "container": ((dict, None), None, CONTAINER),  # the run's containers here are removed by label with the rest
 })
 SWEEP = Spec("sweep", {
     "run_id": ((str,), REQUIRED),
     "node": ((str,), ""),  # two inventory nodes may be one machine: only this node's processes
     "grace": ((float,), GRACE),
+    "container": ((dict, None), None, CONTAINER),  # the run's containers here are removed by label too
 })
 PS = Spec("ps", {
     "run_id": ((str,), REQUIRED),  # "": every run on the node (``clusterrun ps``)
     "node": ((str,), ""),
+    "container": ((dict, None), None, CONTAINER),  # the run's containers here are listed too
 })
 CHECK = Spec("check", {
     "run_dir": ((str,), REQUIRED),
@@ -308,6 +322,9 @@ CHECK = Spec("check", {
     "run_id": ((str,), ""),  # who holds the leases taken (in their files, for other runs to name)
     "node": ((str,), ""),
     "idle": ((float,), IDLE),
+    "container": ((dict, None), None, CONTAINER),  # the image is checked instead of the host's torch
+    "python": ((str,), "python3"),  # the interpreter the job runs (inside the image, with a container)
+    "env": ((dict,), dict),  # the job's environment: the runtime is asked with it, as it runs the job with it
 })
 SPECS = {spec.mode: spec for spec in (RUN, EXEC, COLLECT, SWEEP, PS, CHECK)}
 

@@ -15,8 +15,9 @@ import os
 import sys
 
 if __package__:
-    from clusterrun.remote import leases, nodefacts
+    from clusterrun.remote import containers, leases, nodefacts
 else:
+    import containers
     import leases
     import nodefacts
 
@@ -36,9 +37,9 @@ def torch_version(found):
         return "unknown"
 
 
-def check(spec):
-    out = {"python": sys.version.split()[0], "executable": sys.executable, "problems": [], "missing": []}
-    # Find torch without importing it: an import costs seconds of CPU on every node at every launch.
+def _host_torch(out):
+    """This interpreter's torch with torchrun, found without importing it: an import costs seconds of CPU on
+    every node at every launch."""
     found = importlib.util.find_spec("torch")
     out["no_torch"] = found is None
     if found is None:
@@ -50,12 +51,26 @@ def check(spec):
                                % found.origin)
     else:
         out["torch"] = torch_version(found)
+
+
+def check(spec):
+    out = {"python": sys.version.split()[0], "executable": sys.executable, "problems": [], "missing": []}
     for d in (spec["run_dir"], spec["cache"]):
         try:
             # The run's own directory holds the ranks' logs: the user's only. The cache is shared by runs.
             os.makedirs(os.path.expanduser(d), mode=0o700 if d == spec["run_dir"] else 0o777, exist_ok=True)
         except OSError as exc:
             out["problems"].append("cannot create %s: %s" % (d, exc.strerror or exc))
+    if spec["container"] is None:
+        _host_torch(out)
+    else:
+        # The job runs in the image: its torch is what counts, not the host's (which runs only this agent).
+        image = containers.check(spec["container"], spec["python"], dict(os.environ, **spec["env"]))
+        out["problems"] += image["problems"]
+        out["no_torch"] = False
+        out["image_id"], out["pulled"] = image["image_id"], image["pulled"]
+        if image["torch"]:
+            out["torch"] = image["torch"]
     for digest in spec["hashes"]:
         if not os.path.isfile(os.path.join(os.path.expanduser(spec["cache"]), digest)):
             out["missing"].append(digest)

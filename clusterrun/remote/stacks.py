@@ -10,6 +10,11 @@ import signal
 import subprocess
 import time
 
+if __package__:
+    from clusterrun.remote import procs
+else:
+    import procs
+
 # A real-time signal: nothing in Python or torch uses it. It is only sent to processes whose hook says it
 # is installed, so a worker without the hook is never killed by it.
 HOOK_SIGNAL = int(signal.SIGRTMIN) + 7
@@ -86,9 +91,10 @@ def _py_spy(pid):
 
 
 def _hooked(pid, folder):
-    if not os.path.exists(os.path.join(folder, "hooked-%d" % pid)):
+    own = procs.ns_pid(pid)  # the hook names its files by the pid it sees (another one in a container)
+    if not os.path.exists(os.path.join(folder, "hooked-%d" % own)):
         return None
-    path = os.path.join(folder, "stack-%d.txt" % pid)
+    path = os.path.join(folder, "stack-%d.txt" % own)
     try:
         before = os.path.getsize(path)
         os.kill(pid, HOOK_SIGNAL)
