@@ -181,7 +181,7 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
     try:
         outcome, run_dir = execute(inv, plan, runs_dir, console, settings, preflight_mode, detach=detach,
                                    full_check=full_check, notify=[*inv.run.notify, *notify], restarts=restarts,
-                                   early=early)
+                                   early=early, on_attempt=leave_page)
     finally:  # the run's page, however it ended (a run that did not start too); every attempt is on it
         leave_page(Path(runs_dir) / plan.run_id)
     if outcome is None:

@@ -99,7 +99,8 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             settings: SupervisorSettings | None = None, preflight_mode: str = "quick",
             detach: bool = False, full_check: FullCheck | None = None,
             notify: Sequence[str] = (), restarts: RestartSettings | None = None,
-            early: EarlyConnections | None = None) -> tuple[RunOutcome | None, RunDir]:
+            early: EarlyConnections | None = None,
+            on_attempt: Callable[[Path], None] | None = None) -> tuple[RunOutcome | None, RunDir]:
     """Run ``plan`` to its end. Returns the outcome (of the last attempt) and the run directory.
 
     Before each attempt: preflight (every node ready), the plan completed from the nodes' facts, and the
@@ -107,7 +108,8 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     left running on its own: the outcome is None. With ``restarts`` a failed attempt is started again (see
     :mod:`clusterrun.launch.outcome` for when not) after what is left of it is gone from every node; nodes
     that were lost or fail the checks are replaced by spares or left out (:func:`recompose`). ``early``: the
-    nodes' connections, under way since the plan was made (closed here at the end).
+    nodes' connections, under way since the plan was made (closed here at the end). ``on_attempt``: called
+    with the run directory after each failed attempt that is restarted (its page is written there).
 
     Raises :class:`StartError` when the first attempt could not be started (then nothing runs anywhere).
     ``status.json`` always ends up describing what happened, written atomically.
@@ -125,7 +127,7 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
         raise ClusterrunError(f"cannot write the run directory in {runs_dir}: {exc.strerror or exc}; free space "
                               "there or choose another with --runs-dir") from exc
     run = _Run(inv, run_dir, console, settings or SupervisorSettings(), preflight_mode, full_check, restarts,
-               Notifier(notify), early)
+               Notifier(notify), early, on_attempt)
     try:
         return run.first(plan, detach)
     finally:
@@ -148,10 +150,12 @@ class _Run:
 
     def __init__(self, inv: Inventory, run_dir: RunDir, console: Console, settings: SupervisorSettings,
                  preflight_mode: str, full_check: FullCheck | None, restarts: RestartSettings,
-                 notifier: Notifier, early: EarlyConnections | None = None) -> None:
+                 notifier: Notifier, early: EarlyConnections | None = None,
+                 on_attempt: Callable[[Path], None] | None = None) -> None:
         self.inv, self.run_dir, self.console, self.settings = inv, run_dir, console, settings
         self.preflight_mode, self.full_check, self.restarts, self.notifier = preflight_mode, full_check, restarts, notifier
         self.early = early  # the first attempt's connections, under way
+        self.on_attempt = on_attempt
         self.timeline = Timeline()  # the current attempt's launch, node by node
         self.transports: dict[str, Transport] = {}
         self.spares = [n.name for n in inv.nodes if n.spare]
@@ -340,6 +344,8 @@ class _Run:
         self.notifier.send("restart", f"clusterrun: run {plan.run_id} attempt {attempt.number} failed "
                                       f"({attempt.cause}); restarting", run_id=plan.run_id, attempt=number)
         self.run_dir.archive_attempt(attempt.number)
+        if self.on_attempt is not None:
+            self.on_attempt(self.run_dir.path)
         time.sleep(wait)
         job = dataclasses.replace(plan.job, attempt=number)
         plan = build_plan(self._inventory(nodes), job)
