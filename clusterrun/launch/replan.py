@@ -60,9 +60,9 @@ def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, Probed
 def with_free_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode],
                    held: Held) -> tuple[Inventory, list[str]]:
     """For the nodes whose nvidia-smi did not describe their GPUs: the inventory with every GPU each node sees
-    where nobody listed its GPUs (:func:`with_found_gpus`), none of them leased by another run (``held``) (:func:`clusterrun.launch.leased.spare_leased_gpus`), and a line per node so
-    completed. Raises :class:`GpusLeased` naming each node, GPU and holder where the run cannot have the GPUs it
-    needs."""
+    where nobody listed its GPUs (:func:`with_found_gpus`), none of them leased by another run (``held``, see
+    :func:`clusterrun.facts.leases.spare_leased_gpus`), and a line per node so completed. Raises
+    :class:`GpusLeased` naming each node, GPU and holder where the run cannot have the GPUs it needs."""
     completed, found = with_found_gpus(inv, plan, ready)
     completed, spared, leased = spare_leased_gpus(inv, completed, plan.job.nproc_per_node,
                                                   {name: r.gpus for name, r in ready.items()}, held)
