@@ -8,7 +8,6 @@ a runtime that hangs (a stuck daemon, a dead registry) costs at most its timeout
 Standard library only: this module travels to the nodes with the agent.
 """
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -166,6 +165,8 @@ def check(container: dict, python: str, env: dict) -> dict:
                         % image)
         return out
     out["image_id"] = text.split()[0]
+    import hashlib  # here, not at the top: every agent start would load OpenSSL for a container run's sake
+
     known = os.path.join(os.path.expanduser(KNOWN), hashlib.sha256(
         ("%s\0%s\0%s" % (runtime, out["image_id"], python)).encode()).hexdigest()[:32])
     try:

@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 
@@ -244,6 +243,8 @@ class Agent:
         for src, dest, *kind in self.spec["stage"]:
             dest = os.path.expanduser(dest)
             if kind and kind[0] == "tree":  # a --sync directory, as a tar archive
+                import tarfile  # only for --sync: not at every agent's start
+
                 os.makedirs(dest, exist_ok=True)
                 with tarfile.open(os.path.expanduser(src)) as archive:
                     try:

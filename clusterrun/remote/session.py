@@ -87,6 +87,10 @@ class Listener:
 
     def close(self) -> None:
         self._closed.set()
+        try:  # wakes the accept at once: the port is torchrun's next, and every node's start waits for it
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._thread.join(timeout=2.0)
         self.sock.close()
 

@@ -17,6 +17,10 @@ else:
 READ_CHUNK = 128 << 10  # bytes read from one rank file per turn: one ``out`` frame at most this big
 MAX_RECORD = 1 << 20  # an unfinished line longer than this goes out in pieces (``open``) instead of being held
 TAIL_FAST, TAIL_SLOW = 0.01, 0.1  # seconds between looks at the rank files: right after data, and when idle
+#: ... and once no rank has written for QUIET_AFTER seconds: a look at every file ten times a second was most of
+#: an idle agent's CPU (1.8 ms/s against 0.4 ms/s, measured on an 8-node job that sleeps), and on a large job
+#: the agents' wakeups take the CPU its ranks need; a line after a long silence shows at most this much later.
+TAIL_QUIET, QUIET_AFTER = 0.5, 3.0
 #: Seconds between looks for the first rank file: torchrun is still starting (importing torch, its rendezvous),
 #: and on a machine whose cores the ranks need now, an agent's every wakeup counts.
 TAIL_NONE = 0.25
@@ -177,7 +181,8 @@ class Tailer(threading.Thread):
                     wait = TAIL_FAST
                 else:
                     self.stop_event.wait(wait if self.files else TAIL_NONE)
-                    wait = min(TAIL_SLOW, wait * 2)
+                    quiet = time.monotonic() - self.progress >= QUIET_AFTER
+                    wait = min(TAIL_QUIET if quiet else TAIL_SLOW, wait * 2)
             # The job is over: every byte of every file goes out, whole records first, then what is left.
             self._discover()
             while not wire.is_broken():
