@@ -1,6 +1,6 @@
 """The package's layers: imports only run down, and code that runs on the nodes lives in clusterrun/remote/.
 
-From the bottom: errors and remote (node-side programs), inventory (models and loaders), facts (parsers of
+From the bottom: errors, waits (Ctrl-C-safe waits) and remote (node-side programs), inventory (models and loaders), facts (parsers of
 tool output, a node's NICs, log hints), plan/nccl/network/gpuchoice (pure planning), transport, runs (the run record)
 and notify (webhooks), agents (clusterrun's side of the node agent: its specs, starting it, collect and sweep),
 launch (`up`), ops (exec, down, logs, init), doctor, report (the HTML pages of runs and doctor rounds), cli. A module may import its own layer and those below,
@@ -20,7 +20,7 @@ from clusterrun.remote import AGENT_MODULES
 ROOT = Path(__file__).resolve().parent.parent / "clusterrun"
 
 LAYERS: list[set[str]] = [
-    {"errors", "remote", "redact"},
+    {"errors", "remote", "redact", "waits"},
     {"inventory"},
     {"facts"},
     {"plan", "nccl", "network", "gpuchoice", "container"},

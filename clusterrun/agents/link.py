@@ -28,6 +28,7 @@ from clusterrun.remote import protocol, session
 from clusterrun.remote.containers import PULLING
 from clusterrun.remote.protocol import Frame, FrameDecoder, frames
 from clusterrun.transport.base import CommandResult, Stream, Transport
+from clusterrun.waits import queue_get
 
 #: The end of a node's stream, as it reaches a sink (after every frame).
 EOF = object()
@@ -108,7 +109,7 @@ class AgentLink:
         wanted = set(kinds)
         while True:
             try:
-                item = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
+                item = queue_get(self._answers, deadline - time.monotonic())  # Ctrl-C is seen meanwhile
             except queue.Empty:
                 raise CommandTimeout(self.node, f"the node agent did not answer in time (waiting for "
                                                 f"{'/'.join(sorted(wanted))})") from None

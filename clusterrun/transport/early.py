@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from clusterrun.errors import CommandTimeout
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import MAX_PARALLEL
+from clusterrun.waits import future_done
 
 #: Seconds to wait for the transports to be made (reading ssh_config and known_hosts, importing paramiko).
 MAKE_TIMEOUT = 60.0
@@ -61,10 +62,9 @@ class EarlyConnections:
     @property
     def transports(self) -> dict[str, Transport]:
         """Every node's transport. Raises what making them raised."""
-        try:
-            return self._made.result(timeout=MAKE_TIMEOUT)
-        except concurrent.futures.TimeoutError:
-            raise CommandTimeout("clusterrun", f"the nodes' transports were not made in {MAKE_TIMEOUT:g}s") from None
+        if not future_done(self._made, MAKE_TIMEOUT):  # in slices: Ctrl-C is seen meanwhile
+            raise CommandTimeout("clusterrun", f"the nodes' transports were not made in {MAKE_TIMEOUT:g}s")
+        return self._made.result()
 
     def has(self, name: str) -> bool:
         """A connection to ``name`` is under way (or done)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from clusterrun.errors import ClusterrunError, CommandTimeout
+from clusterrun.waits import slice_of
 
 T = TypeVar("T")
 N = TypeVar("N")
@@ -56,9 +57,8 @@ def fan_out(nodes: Iterable[N], name: Callable[[N], str], fn: Callable[[N], T], 
         futures = {pool.submit(fn, n): name(n) for n in nodes}
         end = None if deadline is None else time.monotonic() + deadline
         pending = set(futures)
-        while pending:
-            left = None if end is None else max(0.0, end - time.monotonic())
-            done, pending = wait(pending, timeout=left, return_when=FIRST_EXCEPTION)
+        while pending:  # in slices: a Ctrl-C that the kernel gave another thread is seen (clusterrun.waits)
+            done, pending = wait(pending, timeout=slice_of(end), return_when=FIRST_EXCEPTION)
             for future in done:
                 key = futures[future]
                 exc = future.exception()

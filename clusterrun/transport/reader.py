@@ -7,6 +7,7 @@ import threading
 import time
 
 from clusterrun.transport.base import Stream
+from clusterrun.waits import queue_get
 
 
 class LineReader:
@@ -27,9 +28,8 @@ class LineReader:
 
     def next(self, timeout: float) -> str | None:
         """The next line, or None at the end of the stream or after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
         try:
-            return self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            return queue_get(self._lines, timeout)  # in slices: Ctrl-C is seen meanwhile
         except queue.Empty:
             return None
 

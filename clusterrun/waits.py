@@ -1,0 +1,48 @@
+"""Waits that Ctrl-C can end: the main thread never sleeps longer than :data:`WAKE_S` at a time.
+
+The kernel hands a process's SIGINT to any of its threads that does not block it. Python runs its handler (and
+raises KeyboardInterrupt) only in the main thread, and only when that thread wakes: when Ctrl-C lands on a
+thread that is connecting to a node which drops every packet, a main thread waiting without a bound on that node
+would not stop until the connect gave up (minutes, with a long ``connect_timeout``). So every wait on a node
+that the main thread makes goes in slices of at most :data:`WAKE_S` seconds.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: The longest the main thread sleeps at once while it waits on something else.
+WAKE_S = 0.5
+
+
+def slice_of(deadline: float | None) -> float:
+    """Seconds to sleep now: at most :data:`WAKE_S`, and no further than the monotonic ``deadline`` (None: none)."""
+    if deadline is None:
+        return WAKE_S
+    return max(0.0, min(WAKE_S, deadline - time.monotonic()))
+
+
+def queue_get(source: queue.Queue[T], timeout: float) -> T:
+    """``source.get(timeout=timeout)``, woken every :data:`WAKE_S`; raises :class:`queue.Empty` at the end."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    while True:
+        try:
+            return source.get(timeout=slice_of(deadline))
+        except queue.Empty:
+            if time.monotonic() >= deadline:
+                raise
+
+
+def future_done(future: Future[T], timeout: float) -> bool:
+    """Whether ``future`` is done within ``timeout`` seconds, waiting in slices of :data:`WAKE_S`."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    while not future.done():
+        if time.monotonic() >= deadline:
+            return False
+        wait([future], timeout=slice_of(deadline), return_when=FIRST_COMPLETED)
+    return True
