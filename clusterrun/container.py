@@ -78,13 +78,6 @@ class ContainerPlan:
                    labels=tuple((data.get("labels") or {}).items()), pull=data.get("pull", "missing"),
                    env=tuple((data.get("env") or {}).items()), mounts=tuple(data.get("mounts") or ()))
 
-    def label_filters(self) -> list[str]:
-        """``--filter label=K=V`` arguments that select this node's containers of the run."""
-        out: list[str] = []
-        for key, value in self.labels:
-            out += ["--filter", f"label={key}={value}"]
-        return out
-
 
 def env_flags(runtime: Runtime, names: Iterable[str]) -> list[str]:
     """``--env NAME`` for each name: the runtime takes the value from its own environment. Apptainer passes the

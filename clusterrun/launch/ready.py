@@ -243,13 +243,13 @@ def image_problems(plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> dict[str
     for image, ids in by_image.items():
         if len(ids) < 2:
             continue
-        common = max(ids.values(), key=len)
+        common_id, common = max(ids.items(), key=lambda item: len(item[1]))
         for image_id, names in ids.items():
-            if names is common:
+            if image_id == common_id:
                 continue
             for name in names:
                 problems[name] = (f"the image {image} is {_short_id(image_id)} here, but "
-                                  f"{_short_id(common_id(ids, common))} on {', '.join(common)}; pull the same image on "
+                                  f"{_short_id(common_id)} on {', '.join(common)}; pull the same image on "
                                   "every node (or name it by digest)")
     return problems
 
@@ -273,10 +273,6 @@ def image_lines(plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> list[str]:
 
 def _short_id(image_id: str) -> str:
     return image_id.removeprefix("sha256:")[:12]
-
-
-def common_id(ids: Mapping[str, list[str]], names: list[str]) -> str:
-    return next(image_id for image_id, found in ids.items() if found is names)
 
 
 def drop(ready: Mapping[str, NodeReady]) -> None:
