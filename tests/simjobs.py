@@ -158,7 +158,7 @@ def agent_of(run_id: str, node: str) -> int:
         if f"CLUSTERRUN_NODE={node}".encode() in environ and "torch.distributed.run" in cmd:
             ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
             argv = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
-            assert argv[1] == b"-c" and b"'agent'" in argv[2] and argv[3] == b"prepare", argv[3:]
+            assert argv[1:3] == [b"-S", b"-c"] and b"'agent'" in argv[3] and argv[4] == b"prepare", argv[4:]
             return ppid
     raise AssertionError(f"no torchrun of {node} in run {run_id}")
 

@@ -123,8 +123,11 @@ def argv(python: str, name: str, *args: object, inline: bool = True) -> list[str
     if name not in PROGRAMS:
         raise ValueError(f"no node program {name!r}")
     words = [str(a) for a in args]
+    # The agent needs the standard library only: it starts without ``site`` (-S), whose .pth files cost every
+    # node milliseconds at every start; its one look at site-packages (torch, in ready.py) finds them itself.
+    flags = ["-S"] if name == "agent" else []
     if not inline:
-        return [python, str(path(name)), *words]
+        return [python, *flags, str(path(name)), *words]
     if name == "agent":
-        return [python, "-c", _agent_loader(), *words]
+        return [python, *flags, "-c", _agent_loader(), *words]
     return [python, "-c", program(name), *words]

@@ -35,10 +35,13 @@ def folder(run_dir):
 
 def torch_version():
     """``(major, minor)`` of the torch this interpreter would import (read from its metadata, not imported)."""
+    if __package__:
+        from clusterrun.remote import ready
+    else:
+        import ready  # found as the agent finds it, without site (see ready.find_torch)
     try:
-        import importlib.metadata
-
-        parts = importlib.metadata.version("torch").split(".")
+        found = ready.find_torch()
+        parts = ready.torch_version(found).split(".") if found is not None else ()
         return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
     except Exception:  # no torch, odd metadata: the version is unknown
         return None

@@ -31,16 +31,40 @@ def torch_version(found):
             return os.path.basename(infos[0])[len("torch-"):-len(".dist-info")]
     import importlib.metadata
 
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    # Beside the torch found first (the agent runs without site: sys.path alone may not reach it).
+    beside = [os.path.dirname(location) for location in found.submodule_search_locations or ()]
+    for dist in importlib.metadata.distributions(name="torch", path=beside + sys.path):
+        return dist.version
+    return "unknown"
+
+
+def find_torch():
+    """The spec of the torch this interpreter's job would import, without importing it.
+
+    The agent runs without ``site`` (``python -S``): its directories are searched here as site would add them
+    (the venv's, the user's, the interpreter's site-packages, after PYTHONPATH), without running their .pth
+    files. A torch found only through a .pth file (an egg link, a source checkout) is looked for again after
+    site has run in full."""
+    if not sys.flags.no_site:
+        return importlib.util.find_spec("torch")
+    import site
+    from importlib.machinery import PathFinder
+
+    site.venv(set())  # a venv's pyvenv.cfg: its prefix, and whether the user's site-packages count
+    if site.ENABLE_USER_SITE is None:
+        site.ENABLE_USER_SITE = site.check_enableusersite()
+    dirs = ([site.getusersitepackages()] if site.ENABLE_USER_SITE else []) + site.getsitepackages()
+    found = PathFinder.find_spec("torch", sys.path + [d for d in dirs if d not in sys.path])
+    if found is None:
+        site.main()
+        found = importlib.util.find_spec("torch")
+    return found
 
 
 def _host_torch(out):
     """This interpreter's torch with torchrun, found without importing it: an import costs seconds of CPU on
     every node at every launch."""
-    found = importlib.util.find_spec("torch")
+    found = find_torch()
     out["no_torch"] = found is None
     if found is None:
         out["problems"].append("python %s has no torch; install torch there or set `python` in the inventory to "

@@ -33,11 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import paramiko
-from paramiko.pkey import UnknownKeyType
-
 from clusterrun.errors import HostKeyError
 from clusterrun.inventory.models import HostKeyPolicy
+from clusterrun.transport.paramiko_lib import paramiko
 from clusterrun.transport.ssh_target import SshTarget
 from clusterrun.transport.ssh_words import matches_pattern_list, warn_once
 
@@ -124,7 +122,7 @@ def parse_line(text: str, path: str, lineno: int) -> KnownHost | None:
         raise ValueError(f"the key data is not a {key_type} key")
     try:
         paramiko.PKey.from_type_string(key_type, blob)
-    except UnknownKeyType:
+    except paramiko.pkey.UnknownKeyType:
         pass  # a type paramiko cannot use (a security key, say): kept, it just never matches what paramiko sees
     except Exception as exc:  # paramiko's key parsers raise whatever the broken data trips on
         raise ValueError(f"the {key_type} key data is damaged ({type(exc).__name__})") from None

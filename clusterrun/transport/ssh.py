@@ -31,12 +31,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from clusterrun.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError, UsageError
 from clusterrun.inventory.models import SshSettings
 from clusterrun.transport.base import DEFAULT_COMMAND_TIMEOUT, CommandResult, Stream, Transport, shell_command
 from clusterrun.transport.known_hosts import HostKeyCheck, KnownHosts, prefer_key_types
+from clusterrun.transport.paramiko_lib import paramiko
 from clusterrun.transport.ssh_proxy import ProxyCommand
 from clusterrun.transport.ssh_stream import SshStream
 from clusterrun.transport.ssh_target import SshTarget, resolve_target

@@ -8,9 +8,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-import paramiko
-
 from clusterrun.transport.base import Stream
+from clusterrun.transport.paramiko_lib import paramiko
 
 _STDERR_KEEP = 64 * 1024
 _RECV_CHUNK = 1 << 18
