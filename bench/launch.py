@@ -12,8 +12,10 @@ One SimCluster of max(--nodes) nodes is started once (needs root, see tests/simc
   (b) exec:  `clusterrun exec INV -- true` against `pdsh -w ... true`.
 
 Measures, per command, from its start:
-  torchrun  until torchrun was started on every node (clusterrun: each agent's `started` time in status.json;
-            pdsh: the time stamp written just before `exec torchrun`). Nodes share this machine's clock.
+  torchrun  until torchrun's process was running on every node (clusterrun: each node's torchrun start in
+            status.json: the ready check's, when the agent warmed it there, else go's `started`; pdsh: the time stamp
+            written just before `exec torchrun`); either way the moment torch's import began. Nodes share this
+            machine's clock. Also for clusterrun: go, until every node had been told to start the job;
   ranks     until every worker ran its first line (adds torchrun's torch import, the rendezvous and the worker);
   total     until the command ended;
   cpu       the orchestrator's own CPU (user + system, from wait4: for pdsh, with its ssh children);
@@ -197,6 +199,13 @@ def watch(p: subprocess.Popen, started: Path | None, n: int, t0: float, timeout:
 PHASES = ("connect", "agent", "ready", "staging", "pathcheck", "go", "torchrun", "first_line")
 
 
+def torchrun_began(node: dict) -> float:
+    """When a node's torchrun process began (and with it its torch import): at the ready check when it was
+    warmed there (``timeline.torchrun.since``), else when the agent started it at go (``launched``)."""
+    since = (node.get("timeline") or {}).get("torchrun", {}).get("since")
+    return since if isinstance(since, (int, float)) else node["launched"]
+
+
 def timeline_summary(status: dict, t0_wall: float) -> dict:
     """From a run's status.json: per phase, seconds from the command's start until the first node began it and
     until the last node ended it, and the median and slowest node's time in it."""
@@ -262,7 +271,12 @@ class Bench:
         with contextlib.suppress(OSError, ValueError, StopIteration, TypeError, KeyError):
             status = json.loads(next(d for d in runs.iterdir() if d.is_dir()).joinpath("status.json").read_text())
             got["status"] = {k: status.get(k) for k in ("state", "problems", "first_failure")}
-            got["torchrun_s"] = max(node["launched"] for node in status["nodes"].values()) - t0_wall
+            # torchrun's process runs from its start: at go, or at the ready check when it was warmed there (its
+            # torch import began then, as pdsh's begins at its time stamp); go_s: when every node had its go.
+            got["torchrun_s"] = max(torchrun_began(node) for node in status["nodes"].values()) - t0_wall
+            got["go_s"] = max(node["launched"] for node in status["nodes"].values()) - t0_wall
+            got["warm"] = sum(bool((node.get("timeline") or {}).get("torchrun", {}).get("warm"))
+                              for node in status["nodes"].values())
             got["timeline"] = timeline_summary(status, t0_wall)
         # Its CPU until torchrun ran everywhere (the start), and per second from then until every rank ran (the
         # run's steady cost: heartbeats, CPU reports; here the nodes are importing torch, 2 cores for all).
@@ -535,9 +549,10 @@ def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
 
     print()
     print(f"up: {result['cluster_nodes']}-node simulated cluster, median of {result['repeat']}, seconds from the start")
-    print(f"{'N':>4} | {'torchrun: cr':>12} | {'pdsh':>6} | {'ratio':>6} | {'ranks: cr':>9} | {'pdsh':>6} | "
-          f"{'cr cpu':>6} | {'cpu/added node':>14} | {'cr rss':>7} | {'threads':>7} | {'pdsh cpu':>8}")
-    print("-" * 112)
+    print(f"{'N':>4} | {'torchrun: cr':>12} | {'pdsh':>6} | {'ratio':>6} | {'go: cr':>6} | {'warm':>4} | "
+          f"{'ranks: cr':>9} | {'pdsh':>6} | {'ratio':>6} | {'cr cpu':>6} | {'cpu/added node':>14} | {'cr rss':>7} | "
+          f"{'threads':>7} | {'pdsh cpu':>8}")
+    print("-" * 140)
     summary: dict = {}
     base = result["launch"][counts[0]]["clusterrun"] if counts[0] == 1 else None
     for n in counts:
@@ -547,13 +562,16 @@ def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
         per_node = None
         if base is not None and n > 1 and m(cr, "cpu_s") is not None and m(base, "cpu_s") is not None:
             per_node = (m(cr, "cpu_s") - m(base, "cpu_s")) / (n - 1)
-        row = {"torchrun_s": t_cr, "pdsh_torchrun_s": t_pd, "ratio": ratio, "ranks_s": m(cr, "ranks_s"),
+        ranks_ratio = m(cr, "ranks_s") / m(pd, "ranks_s") if m(cr, "ranks_s") and m(pd, "ranks_s") else None
+        row = {"torchrun_s": t_cr, "pdsh_torchrun_s": t_pd, "ratio": ratio, "go_s": m(cr, "go_s"),
+               "warm_nodes": m(cr, "warm"), "ranks_ratio": ranks_ratio, "ranks_s": m(cr, "ranks_s"),
                "pdsh_ranks_s": m(pd, "ranks_s"), "cpu_s": m(cr, "cpu_s"), "cpu_per_added_node_ms":
                per_node * 1000 if per_node is not None else None, "rss_mib": m(cr, "rss_mib"),
                "threads": m(cr, "threads"), "pdsh_cpu_s": m(pd, "cpu_s"), "pdsh_rss_mib": m(pd, "rss_mib")}
         summary[n] = row
-        print(f"{n:>4} | {fmt(t_cr):>12} | {fmt(t_pd):>6} | {fmt(ratio):>5}x | {fmt(row['ranks_s']):>9} | "
-              f"{fmt(row['pdsh_ranks_s']):>6} | {fmt(row['cpu_s']):>6} | "
+        print(f"{n:>4} | {fmt(t_cr):>12} | {fmt(t_pd):>6} | {fmt(ratio):>5}x | {fmt(row['go_s']):>6} | "
+              f"{fmt(row['warm_nodes'], '.0f'):>4} | {fmt(row['ranks_s']):>9} | "
+              f"{fmt(row['pdsh_ranks_s']):>6} | {fmt(ranks_ratio):>5}x | {fmt(row['cpu_s']):>6} | "
               f"{fmt(row['cpu_per_added_node_ms'], '.1f') + ' ms':>14} | {fmt(row['rss_mib'], '.0f') + ' MiB':>7} | "
               f"{fmt(row['threads'], '.0f'):>7} | {fmt(row['pdsh_cpu_s']):>8}")
     result["summary"] = summary

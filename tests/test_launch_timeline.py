@@ -49,6 +49,9 @@ def test_stamps_of_a_phase_make_one_span_with_what_it_moved() -> None:
     assert spans["staging"] == PhaseSpan(T0, T0 + 4.0, {"bytes": 2048})
     assert spans["staging"].seconds == 4.0
     assert timeline.of("n2")["pathcheck"].detail == {"mode": "quick"}
+    timeline.begin("n1", "torchrun", T0 + 6.5, warm=True)
+    timeline.end("n1", "torchrun", T0 + 8.0)
+    assert timeline.of("n1")["torchrun"] == PhaseSpan(T0 + 6.5, T0 + 8.0, {"warm": True})
 
 
 def test_a_slow_staging_is_named_with_what_it_copied() -> None:
@@ -101,6 +104,10 @@ def test_status_draws_a_row_per_node_with_each_phase() -> None:
     assert all(p.replace("_", " ") in header for p in PHASES)
     n1 = next(line for line in shown.splitlines() if line.startswith(" n1"))
     assert "3.00s 4.0 MB" in n1 and n1.split()[-1] == "4.90s"  # its first line came 4.9 s after the first connect
+    nodes["n0"].timeline["torchrun"] = PhaseSpan(T0 + 1.2, T0 + 1.4, {"warm": True})
+    n0 = next(line for line in text(timeline_table(RunRecord("r", RunState.succeeded, nodes=nodes))).splitlines()
+              if line.startswith(" n0"))
+    assert "0.20s warm" in n0  # its torchrun had imported torch since the ready check
 
 
 def test_live_view_names_each_nodes_phase_output_cpu_and_path() -> None:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.cluster
 PORT = 29613
 WRAPPER = """#!/bin/sh
 for last; do :; done
-printf '%s %s %s\\n' "$(hostname)" "$1" "$last" >> {log}
+printf '%s %s %s\\n' "$(hostname)" "$1" "$(printf '%s' "$last" | head -n 1)" >> {log}
 exec {python} "$@"
 """
 
@@ -64,8 +64,11 @@ def test_a_run_starts_one_program_per_node_before_torchrun(sim_cluster: SimClust
     for node in ("node0", "node1", "node2"):
         programs = starts.get(node, [])
         assert len(programs) == 2, f"{node} started {programs}"
-        assert programs[0] == "-c prepare"  # the agent: ready check, path probes, then the job
-        assert programs[1].startswith("-m ") and programs[1].endswith("worker.py")  # torchrun, by the agent
+        assert programs[0] == "-S prepare"  # the agent: ready check, path probes, then the job
+        # torchrun, by the agent at the ready check: it imports torch until go hands it the job (remote/warm.py)
+        assert programs[1] == "-c import json,os,runpy,sys", programs
+    status = json.loads((the_run(tmp_path) / "status.json").read_text())
+    assert all(node["timeline"]["torchrun"]["warm"] for node in status["nodes"].values())
     assert not wait_no_agents(sim_cluster, 3)
 
 

@@ -6,6 +6,7 @@ gets the same default the node would apply, and a wrong key fails here, in clust
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +15,8 @@ from clusterrun.plan import CPU_BIND_VAR, NodePlan
 from clusterrun.remote import protocol
 
 Spec = dict[str, Any]
+#: ``0`` in clusterrun's environment: every node's torchrun starts at ``go``, not at the ready check.
+WARM_VAR = "CLUSTERRUN_WARM_TORCHRUN"
 
 
 def container_spec(node: NodePlan) -> Spec | None:
@@ -65,14 +68,27 @@ def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: fl
     })
 
 
+def warm_spec(node: NodePlan) -> Spec | None:
+    """The node's torchrun to start at the check (remote/warm.py), or None: in a container, for a job that is not
+    ``python -m torch.distributed.run``, or where ``CLUSTERRUN_WARM_TORCHRUN=0``."""
+    if node.container is not None or os.environ.get(WARM_VAR, "1") == "0":
+        return None
+    if list(node.argv[:3]) != [node.python, "-m", "torch.distributed.run"]:
+        return None
+    return protocol.WARM.fill({"python": node.python, "env": node.env_dict(), "cwd": node.cwd})
+
+
 def check_spec(run_dir: str, *, cache: str, hashes: Sequence[str], port: int | None,
                idle: float = protocol.IDLE, choose_port: bool = False, run_id: str = "",
-               node: NodePlan | None = None) -> Spec:
+               node: NodePlan | None = None, warm: bool = False) -> Spec:
     """``check`` (before ``go``): the ready check of a node whose run directory is ``run_dir``; on the master,
     ``port`` to lease and prove free, or ``choose_port`` to lease a free one (the user gave none). ``node``: the
-    node checked (its container's image is checked too)."""
+    node checked (its container's image is checked too); ``warm``: its torchrun starts at the check, importing
+    torch while the launch goes on (see :func:`warm_spec`)."""
     extra = {} if node is None or node.container is None else {
         "container": container_spec(node), "python": node.python, "env": node.env_dict()}
+    if warm and node is not None:
+        extra["warm"] = warm_spec(node)
     return protocol.CHECK.fill({"run_dir": run_dir, "cache": cache, "hashes": sorted(set(hashes)), "port": port,
                                 "idle": idle, "choose_port": choose_port, "run_id": run_id,
                                 "node": node.name if node is not None else "", **extra})

@@ -34,7 +34,8 @@ def _cell(span: PhaseSpan | None, going: bool) -> str:
     if span.end is None:
         return "..." if going else "-"
     copied = span.detail.get("bytes")
-    return _seconds(span.seconds) + (f" {size(copied)}" if isinstance(copied, (int, float)) and copied else "")
+    warm = " warm" if span.detail.get("warm") is True else ""  # torchrun importing torch since the ready check
+    return _seconds(span.seconds) + (f" {size(copied)}" if isinstance(copied, (int, float)) and copied else "") + warm
 
 
 def timeline_table(record: RunRecord) -> Table | None:

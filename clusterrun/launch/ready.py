@@ -123,7 +123,7 @@ def _ask(plan: LaunchPlan, node: NodePlan, transport: Transport, staged: list[St
     master = node.node_rank == 0
     spec = check_spec(node.run_dir, cache=REMOTE_CACHE, hashes=[f.digest for f in staged],
                       port=plan.master_port if master and not plan.choose_port else None,
-                      choose_port=master and plan.choose_port, run_id=plan.run_id, node=node)
+                      choose_port=master and plan.choose_port, run_id=plan.run_id, node=node, warm=True)
     if early is not None and early.has(node.name):  # connecting since `up` had the plan
         began, connected = early.wait(node.name, PREFLIGHT_TIMEOUT)
         timeline.begin(node.name, "connect", began)

@@ -5,6 +5,7 @@ agent.py            the node agent's entry: reads a mode's spec and runs it (mod
                     ``exec``, ``collect``, ``sweep``, ``ps``)
 session.py          the agent's first phase (``prepare``): the ready check and the path probes before ``go``
 job.py              the agent's ``run`` (and ``go``): torchrun in its own session, its output relayed, stopped
+warm.py             a torchrun started at the ready check, importing torch until ``go`` hands it the job
 collect.py          the agent's ``collect``: what is left of a run after a broken stream, and its missing logs
 execmode.py         the agent's ``exec``: one shell command for ``clusterrun exec``
 procs.py            the agent's process tools: descendants, a run's marked processes, stopping them
@@ -60,7 +61,7 @@ def _packed(name: str) -> str:
 
 
 # What the agent imports, sent with it, in import order.
-AGENT_MODULES = ("protocol", "wire", "procs", "containers", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
+AGENT_MODULES = ("protocol", "wire", "procs", "warm", "containers", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
                  "ready", "session", "job", "collect", "execmode")
 #: The modules a program other than the agent imports, sent with it when it goes inline.
 PROGRAM_MODULES = {"nodefacts": ("gpufacts",)}

@@ -28,7 +28,7 @@ import threading
 import time
 
 if __package__:
-    from clusterrun.remote import containers, flight, leases, pathwatch, procs, protocol, stacks, tailing, wire
+    from clusterrun.remote import containers, flight, leases, pathwatch, procs, protocol, stacks, tailing, warm, wire
 else:
     import containers
     import flight
@@ -38,6 +38,7 @@ else:
     import protocol
     import stacks
     import tailing
+    import warm
     import wire
 
 # ---------------------------------------------------------------- torchrun's summary
@@ -224,10 +225,7 @@ class Agent:
 
     def _environment(self) -> dict:
         """The job's environment: the node's, the spec's, the run's markers, and the workers' stack hook."""
-        env = dict(os.environ)
-        env.update(self.spec["env"])
-        env[procs.RUN_ID_VAR] = self.run_id
-        env[procs.NODE_VAR] = self.node
+        env = procs.job_environ(self.spec["env"], self.run_id, self.node)
         if self.spec["stacks"] is not None:
             try:  # the workers' stack hook, for hang diagnosis without py-spy
                 env.update(stacks.hook_env(self.run_dir, self.spec["stacks"]["hook"], env))
@@ -284,8 +282,11 @@ class Agent:
             names = [k for k in env if k in self.spec["env"] or os.environ.get(k) != env[k]]
             env.update(container["env"])
             argv = containers.argv(container, names, argv)
+        # torchrun warmed at the ready check (warm.py), where it fits this job exactly; else a cold start.
+        proc, how = (None, {"warm": False}) if container is not None else warm.take(
+            argv, env, cwd, stacks.hooks_dir(self.run_dir))
         try:
-            proc = subprocess.Popen(
+            proc = proc or subprocess.Popen(
                 argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
                 # torchrun gets SIGTERM if this agent dies, and then stops its workers.
@@ -294,7 +295,7 @@ class Agent:
         except OSError as exc:
             wire.emit({"ev": protocol.ERROR, "text": f"cannot start {argv[0]}: {exc.strerror or exc}", "time": time.time()})
             return self._finish(127, None, {}, reason=f"could not start: {exc}")
-        wire.emit({"ev": protocol.STARTED, "pid": proc.pid, "time": time.time()})
+        wire.emit({"ev": protocol.STARTED, "pid": proc.pid, "time": time.time(), **how})
         reader = threading.Thread(target=self._read_launcher, args=(proc.stdout,), daemon=True)
         reader.start()
         tailer = tailing.Tailer(os.path.join(self.run_dir, "torchrun"), self.spec["rank_offset"])

@@ -105,6 +105,15 @@ def _descendants_by_scan(root: int) -> list:
     return found
 
 
+def job_environ(job_env: dict, run_id: str, node: str) -> dict:
+    """The job's environment before the workers' hook: this node's, the spec's, and the run's markers."""
+    env = dict(os.environ)
+    env.update(job_env)
+    env[RUN_ID_VAR] = run_id
+    env[NODE_VAR] = node
+    return env
+
+
 def marked(run_id: str, exclude: set, node: str = "") -> list:
     """Processes of our user whose environment carries this run's marker (and this node's, when given:
     two inventory nodes may be one machine)."""

@@ -313,6 +313,11 @@ PS = Spec("ps", {
     "node": ((str,), ""),
     "container": ((dict, None), None, CONTAINER),  # the run's containers here are listed too
 })
+WARM = Spec("warm", {  # the job's torchrun, started at the check to import torch meanwhile (warm.py)
+    "python": ((str,), REQUIRED),  # the job's interpreter (its argv[0])
+    "env": ((dict,), dict),  # the job's environment as planned before the check
+    "cwd": ((str, None), None),  # its directory (null: the run directory)
+})
 CHECK = Spec("check", {
     "run_dir": ((str,), REQUIRED),
     "cache": ((str,), REQUIRED),  # the node's content cache of staged files
@@ -325,6 +330,7 @@ CHECK = Spec("check", {
     "container": ((dict, None), None, CONTAINER),  # the image is checked instead of the host's torch
     "python": ((str,), "python3"),  # the interpreter the job runs (inside the image, with a container)
     "env": ((dict,), dict),  # the job's environment: the runtime is asked with it, as it runs the job with it
+    "warm": ((dict, None), None, WARM),  # start the job's torchrun now (null: at go)
 })
 SPECS = {spec.mode: spec for spec in (RUN, EXEC, COLLECT, SWEEP, PS, CHECK)}
 

@@ -5,7 +5,8 @@ with one event each (see protocol.py), and then becomes the job's agent on ``go`
 
 * ``check <spec>``: the ready check (ready.py; its spec is ``protocol.CHECK``): python, torch, run directory,
   master port, staged files, the node's NICs and GPUs; answered by ``ready`` (report, time), or ``error`` (text)
-  when the spec does not fit.
+  when the spec does not fit. With ``warm`` in its spec, the job's torchrun starts first, importing torch
+  until ``go`` hands it the job (warm.py).
 * ``probe-listen <json>``: hold the master port (``port``) open and accept connections on it until ``go``
   or the end; answered by ``listening`` (port, or error).
 * ``probe-reach <json>``: one TCP connect to ``address``:``port`` from ``source`` (null: any) within
@@ -22,6 +23,7 @@ spec) ends the program without starting anything. Standard library only, like th
 """
 
 import json
+import os
 import queue
 import shutil
 import socket
@@ -30,10 +32,12 @@ import threading
 import time
 
 if __package__:
-    from clusterrun.remote import protocol, ready, wire
+    from clusterrun.remote import procs, protocol, ready, warm, wire
 else:
+    import procs
     import protocol
     import ready
+    import warm
     import wire
 
 CHECK, GO, STOP = "check", "go", "stop"
@@ -141,6 +145,23 @@ def reach(address: str, port: int, source, timeout: float) -> dict:
     return {"tcp": why, "ping": "missing" if pinged is None else pinged[address]}
 
 
+def _warm_up(spec) -> None:
+    """Start the job's torchrun now where the check asks for it (warm.py): torch imports while the check runs."""
+    if spec["warm"] is None:
+        return
+    run_dir = os.path.expanduser(spec["run_dir"])
+    cwd = os.path.expanduser(spec["warm"]["cwd"] or run_dir)
+    try:
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)  # the ranks' logs: the user's only
+        if cwd.startswith(run_dir.rstrip("/") + "/"):
+            os.makedirs(cwd, exist_ok=True)  # the run's copy of the script (staged at go) goes there
+    except OSError:
+        return  # the check says why
+    python = spec["warm"]["python"]
+    python = os.path.expanduser(python) if python.startswith("~/") else python
+    warm.start(python, procs.job_environ(spec["warm"]["env"], spec["run_id"], spec["node"]), cwd)
+
+
 def serve(stdin, start_run) -> int:
     """Answer commands until ``go`` (then ``start_run(spec_line)`` runs the job and its code is returned) or the
     end. A check spec that does not fit ``protocol.CHECK`` is answered by an ``error`` event."""
@@ -165,6 +186,7 @@ def serve(stdin, start_run) -> int:
                     wire.emit({"ev": protocol.ERROR, "text": "clusterrun agent: %s" % exc})
                     continue
                 idle = spec["idle"]
+                _warm_up(spec)
                 wire.emit({"ev": READY, "report": ready.check(spec), "time": running})
             elif word == LISTEN:
                 args = json.loads(arg)
@@ -198,3 +220,4 @@ def serve(stdin, start_run) -> int:
     finally:
         if listener is not None:
             listener.close()
+        warm.drop()  # a launch that ended before go: its torchrun goes

@@ -22,10 +22,15 @@ PY_SPY_TIMEOUT = 15.0
 HOOK_TIMEOUT = 3.0
 
 
+def hooks_dir(run_dir):
+    """Where the workers' hook (their ``sitecustomize``) is written: the first entry of their PYTHONPATH."""
+    return os.path.join(run_dir, "hooks")
+
+
 def hook_env(run_dir, source, env):
     """Write the hook (``source``: stackhook.py's text) under ``run_dir`` and return the environment the
     workers need for it (``env``: the job's environment, whose PYTHONPATH is kept after the hook's)."""
-    hooks = os.path.join(run_dir, "hooks")
+    hooks = hooks_dir(run_dir)
     os.makedirs(hooks, exist_ok=True)
     with open(os.path.join(hooks, "sitecustomize.py"), "w") as fh:
         fh.write(source)

@@ -67,7 +67,11 @@ class LiveNodes:
         elif kind == protocol.STARTED:
             started = self.timeline.on_our_clock(name, event.get("time")) or time.time()
             self.timeline.end(name, "go", started)
-            self.timeline.begin(name, "torchrun", started)
+            # warm: importing torch since the ready check (since: when, remote/warm.py); cold: why it was not used.
+            how = {k: event[k] for k in ("warm", "cold") if k in event}
+            if isinstance(event.get("since"), (int, float)):
+                how["since"] = self.timeline.on_our_clock(name, event["since"])
+            self.timeline.begin(name, "torchrun", started, **how)
             self.timeline.begin(name, "first_line", started)
             self._torchrun.add(name)
         elif kind == protocol.LOAD and isinstance(event.get("cpu"), dict):

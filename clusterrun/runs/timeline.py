@@ -171,11 +171,12 @@ class Timeline:
         self._spans: dict[str, dict[str, dict[str, Any]]] = {}
         self._offset: dict[str, float] = {}  # node -> seconds to add to the node's clock
 
-    def begin(self, node: str, phase: str, at: float | None = None) -> float:
-        """``phase`` of ``node`` began ``at`` (epoch seconds; now by default). Returns the time."""
+    def begin(self, node: str, phase: str, at: float | None = None, **detail: Any) -> float:
+        """``phase`` of ``node`` began ``at`` (epoch seconds; now by default), as ``detail`` says. Returns the
+        time."""
         at = time.time() if at is None else at
         with self._lock:
-            self._spans.setdefault(node, {})[phase] = {"start": at, "end": None}
+            self._spans.setdefault(node, {})[phase] = {"start": at, "end": None, **detail}
         return at
 
     def end(self, node: str, phase: str, at: float | None = None, **detail: Any) -> float:
