@@ -13,6 +13,7 @@ from typing import Any
 from clusterrun import remote
 from clusterrun.plan import CPU_BIND_VAR, NodePlan
 from clusterrun.remote import protocol
+from clusterrun.remote.warm import MODULE as TORCHRUN
 
 Spec = dict[str, Any]
 #: ``0`` in clusterrun's environment: every node's torchrun starts at ``go``, not at the ready check.
@@ -73,7 +74,7 @@ def warm_spec(node: NodePlan) -> Spec | None:
     ``python -m torch.distributed.run``, or where ``CLUSTERRUN_WARM_TORCHRUN=0``."""
     if node.container is not None or os.environ.get(WARM_VAR, "1") == "0":
         return None
-    if list(node.argv[:3]) != [node.python, "-m", "torch.distributed.run"]:
+    if list(node.argv[:3]) != [node.python, "-m", TORCHRUN]:
         return None
     return protocol.WARM.fill({"python": node.python, "env": node.env_dict(), "cwd": node.cwd})
 
