@@ -30,11 +30,9 @@ Apptainer shares the host's network, IPC, devices and limits by default and keep
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
-
-from clusterrun.inventory.container import ContainerSettings, Runtime
+from clusterrun.inventory.container import ContainerSettings
+from clusterrun.inventory.kinds import Runtime
+from clusterrun.planfile import ContainerPlan, env_flags  # noqa: F401 - the container command's record
 
 #: Labels that mark a run's containers on a node (``rm -f --filter label=...`` removes them).
 RUN_LABEL, NODE_LABEL = "clusterrun.run", "clusterrun.node"
@@ -45,49 +43,6 @@ STACK_LIMIT = "67108864"
 #: Variables that configure a runtime's client (not secrets): doctor passes the inventory's values of these on.
 RUNTIME_SETTINGS = ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF", "DOCKER_HOST",
                     "DOCKER_CONFIG", "DOCKER_CONTEXT")
-
-
-@dataclass(frozen=True)
-class ContainerPlan:
-    """A node's container command, in parts: ``head``, one ``--env NAME`` per variable, ``options``, ``image``,
-    then torchrun's argv. The agent adds ``--env`` for the variables it sets itself (the stack hook's)."""
-
-    runtime: Runtime
-    image: str
-    head: tuple[str, ...]
-    env_names: tuple[str, ...]
-    options: tuple[str, ...]
-    labels: tuple[tuple[str, str], ...]
-    pull: str
-    env: tuple[tuple[str, str], ...] = ()  # values the container sees instead of the node's (CUDA_VISIBLE_DEVICES)
-    mounts: tuple[str, ...] = ()  # the inventory's SRC:DST[:ro] (in ``head`` too): sources checked before the start
-
-    def argv(self, command: Iterable[str] = ()) -> tuple[str, ...]:
-        return (*self.head, *env_flags(self.runtime, self.env_names), *self.options, self.image, *command)
-
-    def to_dict(self, command: Iterable[str] = ()) -> dict[str, Any]:
-        return {"runtime": self.runtime.value, "image": self.image, "head": list(self.head),
-                "env_names": list(self.env_names), "options": list(self.options),
-                "labels": dict(self.labels), "pull": self.pull, "env": dict(self.env), "mounts": list(self.mounts),
-                "argv": list(self.argv(command))}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ContainerPlan:
-        return cls(runtime=Runtime(data["runtime"]), image=data["image"], head=tuple(data["head"]),
-                   env_names=tuple(data.get("env_names") or ()), options=tuple(data.get("options") or ()),
-                   labels=tuple((data.get("labels") or {}).items()), pull=data.get("pull", "missing"),
-                   env=tuple((data.get("env") or {}).items()), mounts=tuple(data.get("mounts") or ()))
-
-
-def env_flags(runtime: Runtime, names: Iterable[str]) -> list[str]:
-    """``--env NAME`` for each name: the runtime takes the value from its own environment. Apptainer passes the
-    host's environment on by itself."""
-    if runtime is Runtime.apptainer:
-        return []
-    out: list[str] = []
-    for name in names:
-        out += ["--env", name]
-    return out
 
 
 def _gpus(env: dict[str, str], gpus: tuple[int, ...]) -> list[str]:

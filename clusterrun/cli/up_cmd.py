@@ -139,7 +139,8 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         max_restarts: int | None, min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None,
         notify: tuple[str, ...]) -> int:
     from clusterrun.cli.render import plan_json, print_plan, print_summary
-    from clusterrun.launch.settings import RestartSettings, with_restarts
+    from clusterrun.launch.replan import with_restarts
+    from clusterrun.launch.settings import RestartSettings
     from clusterrun.launch.up import execute
 
     run = inv.run
@@ -155,10 +156,6 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
     from clusterrun.launch.settings import SupervisorSettings
 
     console = Console(ranks=_parse_ranks(ranks), quiet=quiet, raw=raw)
-    if detach and time_limit:
-        from clusterrun.errors import UsageError
-
-        raise UsageError("--timeout needs clusterrun to stay with the job; it cannot be used with --detach")
     full_check = None
     if preflight_mode == "full":
         from clusterrun.cli.report_cmd import with_doctor_page

@@ -266,3 +266,12 @@ class GpuWait:
         self.say(f"waiting for GPUs ({held}); next look in {delay:.0f}s{limit}")
         self.sleep(delay)
         return True
+
+
+def with_restarts(inv: Inventory, plan: LaunchPlan, max_restarts: int) -> LaunchPlan:
+    """``plan`` for a run that clusterrun may restart ``max_restarts`` times (the workers see it as
+    TORCHELASTIC_MAX_RESTARTS): what ``up`` runs, and what ``up --dry-run`` shows."""
+    if plan.job.restarts == max_restarts:
+        return plan
+    return dataclasses.replace(build_plan(inv, dataclasses.replace(plan.job, restarts=max_restarts)),
+                               probed=plan.probed)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from clusterrun.inventory.models import Inventory, RunSettings
-from clusterrun.plan import LaunchPlan, build_plan
 from clusterrun.remote import protocol
+
+if TYPE_CHECKING:  # standard library only at run time: the cluster supervisor of a detached run takes these settings
+    from clusterrun.inventory.models import RunSettings
 
 #: On a large run, at most about this many heartbeats, and CPU reports, reach clusterrun each second.
 BEATS_PER_SECOND = 32.0
@@ -68,12 +70,3 @@ class RestartSettings:
     @property
     def may_drop(self) -> bool:
         return self.min_nodes is not None
-
-
-def with_restarts(inv: Inventory, plan: LaunchPlan, max_restarts: int) -> LaunchPlan:
-    """``plan`` for a run that clusterrun may restart ``max_restarts`` times (the workers see it as
-    TORCHELASTIC_MAX_RESTARTS): what ``up`` runs, and what ``up --dry-run`` shows."""
-    if plan.job.restarts == max_restarts:
-        return plan
-    return dataclasses.replace(build_plan(inv, dataclasses.replace(plan.job, restarts=max_restarts)),
-                               probed=plan.probed)

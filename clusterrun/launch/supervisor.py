@@ -20,7 +20,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from clusterrun.agents.link import AgentLink
@@ -28,15 +28,15 @@ from clusterrun.agents.spec import run_spec
 from clusterrun.errors import EXIT_TIMEOUT, ClusterrunError, StartError
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
-from clusterrun.launch.phase import Phase, RunPhase
+from clusterrun.launch.phase import Phase, RunPhase, signal_order
 from clusterrun.launch.relay import LogRelay
 from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathWatchState, StragglerWatch, Verdict
 from clusterrun.notify import Notifier
-from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.planfile import LaunchPlan, NodePlan
 from clusterrun.remote import protocol
 from clusterrun.remote.protocol import Frame
-from clusterrun.runs import RunDir, RunState, read_record, write_record
+from clusterrun.runs import RunDir
 from clusterrun.runs.judge import judge_node
 from clusterrun.runs.live import LiveNodes
 from clusterrun.runs.timeline import Timeline
@@ -67,6 +67,9 @@ class Supervisor:
             nodes={n.name: NodeOutcome(n.name, {r: RankOutcome(r, r - n.rank_offset) for r in n.ranks})
                    for n in plan.nodes},
         )
+        #: The signals that stop the run (see phase.signal_order); a detached run's supervisor has its own.
+        self.signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        self.after_start: Callable[[], None] | None = None  # called once every node was told to start
         self.hang: HangWatch | None = None
         if self.settings.hang_timeout:
             self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, self._send_running,
@@ -222,18 +225,19 @@ class Supervisor:
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        return {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        return {sig: signal.signal(sig, self._on_signal) for sig in self.signals}
 
     def _handle_signals(self) -> None:
         while self._signals:
             signum = self._signals.pop(0)
-            if self.outcome.interrupted_by is None:
+            to = signal_order(signum, first=self.outcome.interrupted_by is None)
+            if to is Phase.STOPPING:
                 self.outcome.interrupted_by = signum
                 self.console.info(f"{signal.Signals(signum).name}: stopping all nodes (again to kill at once)")
-                self.phase.stop(Phase.STOPPING)
-            else:
+            elif to is Phase.KILLING:
                 self.console.info("killing all nodes now")
-                self.phase.stop(Phase.KILLING)
+            if to is not None:
+                self.phase.stop(to)
 
     # ------------------------------------------------------------ the loop
 
@@ -242,6 +246,8 @@ class Supervisor:
         previous = self._install_signals()
         try:
             self._start_all()
+            if self.after_start is not None:
+                self.after_start()
             self._loop()
         finally:
             for sig, handler in previous.items():
@@ -362,13 +368,7 @@ class Supervisor:
     def _record(self, event: dict[str, Any]) -> None:
         """An event of the run (the watch's findings): kept in order, and in status.json at once."""
         self.outcome.events.append(event)
-        current = read_record(self.run_dir)  # it holds the earlier attempts' events, if any
-        if current.state is RunState.running:
-            try:
-                write_record(self.run_dir, current.with_event(
-                    {**event, "attempt": self.plan.job.attempt} if current.attempts else event))
-            except OSError as exc:
-                self.relay.failed("status.json", exc)
+        self.live.add_event(event, self.plan.job.attempt)
 
     def _path_lost(self, verdict: Verdict) -> None:
         if self.settings.on_path_loss == "warn":

@@ -13,6 +13,8 @@ leases.py           the GPU and master-port leases a run holds on a node for its
 protocol.py         the agent's contract: each mode's spec (keys, types, the one set of defaults) and the wire
                     protocol (events, payloads, commands); written by the agent, read by clusterrun
 wire.py             the agent's output: events written whole
+relay.py            a detached run: the agent's stream moved to the run's supervisor on rank 0's node (handshake)
+bundle.py           clusterrun's own modules taken to a node whole: the cluster supervisor of a detached run
 tailing.py          the agent's reading of the rank log files, sent on as ``out`` events
 pathwatch.py        the agent's data-path watch: UDP probes to its peers, answers to theirs
 stacks.py           the agent's stack dumps of its workers (py-spy, or the hook below)
@@ -51,9 +53,13 @@ def path(name: str) -> Path:
     return HERE / f"{name}.py"
 
 
+#: Node files given with a bundle (remote/bundle.py): a cluster supervisor has no files beside it, and hands these on.
+BUNDLED: dict[str, str] = {}
+
+
 @lru_cache(maxsize=None)
 def source(name: str) -> str:
-    return path(name).read_text(encoding="utf-8")
+    return BUNDLED.get(name) or path(name).read_text(encoding="utf-8")
 
 
 def _packed(name: str) -> str:
@@ -61,7 +67,7 @@ def _packed(name: str) -> str:
 
 
 # What the agent imports, sent with it, in import order.
-AGENT_MODULES = ("protocol", "wire", "procs", "warm", "containers", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
+AGENT_MODULES = ("protocol", "wire", "relay", "procs", "warm", "containers", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
                  "ready", "session", "job", "collect", "execmode")
 #: The modules a program other than the agent imports, sent with it when it goes inline.
 PROGRAM_MODULES = {"nodefacts": ("gpufacts",)}
