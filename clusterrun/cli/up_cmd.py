@@ -62,8 +62,9 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 @click.option("--preflight", "preflight_mode", type=click.Choice(["quick", "full", "off"]), default="quick",
               show_default=True, help="Before starting: quick = every node reaches rank 0's master port on the data "
               "network (about a second); full = doctor's network checks too; off = no check.")
-@click.option("--detach", is_flag=True, help="Start the job, print its run id and return; it runs on without "
-              "clusterrun (`clusterrun logs RUN -f` follows it, `clusterrun down RUN` stops it).")
+@click.option("--detach", is_flag=True, help="Start the job, print its run id and return: it is supervised on rank "
+              "0's node as it would be here (fail-fast, watches, --timeout, --notify, every rank's log), whatever "
+              "becomes of this terminal. `clusterrun attach RUN` shows it, `clusterrun down RUN` stops it.")
 @click.option("--timeout", "time_limit", type=click.FloatRange(1, 10 * 365 * 86400), metavar="SECONDS",
               help="Stop the job (exit 124) if it runs longer than this; by default it may run forever.")
 @click.option("--grace", type=click.FloatRange(0, 600), default=protocol.GRACE, show_default=True, metavar="SECONDS",
@@ -183,8 +184,9 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         leave_page(Path(runs_dir) / plan.run_id)
     if outcome is None:
         click.echo(plan.run_id)
-        click.echo(f"clusterrun: detached: run {plan.run_id} goes on without clusterrun; follow it with "
-                   f"`clusterrun logs {plan.run_id} -f`, stop it with `clusterrun down {plan.run_id}`", err=True)
+        click.echo(f"clusterrun: detached: run {plan.run_id} goes on, supervised on {plan.master.name}; "
+                   f"`clusterrun attach {plan.run_id}` shows it, `clusterrun logs {plan.run_id} -f` follows its "
+                   f"ranks, `clusterrun down {plan.run_id}` stops it", err=True)
         return 0
     if as_json:
         import json

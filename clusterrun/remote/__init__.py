@@ -6,6 +6,7 @@ agent.py            the node agent's entry: reads a mode's spec and runs it (mod
 session.py          the agent's first phase (``prepare``): the ready check and the path probes before ``go``
 job.py              the agent's ``run`` (and ``go``): torchrun in its own session, its output relayed, stopped
 warm.py             a torchrun started at the ready check, importing torch until ``go`` hands it the job
+mirror.py           the agent's ``mirror``: a detached run's record, from its supervisor's directory on rank 0's node
 collect.py          the agent's ``collect``: what is left of a run after a broken stream, and its missing logs
 execmode.py         the agent's ``exec``: one shell command for ``clusterrun exec``
 procs.py            the agent's process tools: descendants, a run's marked processes, stopping them
@@ -68,7 +69,7 @@ def _packed(name: str) -> str:
 
 # What the agent imports, sent with it, in import order.
 AGENT_MODULES = ("protocol", "wire", "relay", "procs", "warm", "containers", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
-                 "ready", "session", "job", "collect", "execmode")
+                 "ready", "session", "job", "collect", "execmode", "mirror")
 #: The modules a program other than the agent imports, sent with it when it goes inline.
 PROGRAM_MODULES = {"nodefacts": ("gpufacts",)}
 

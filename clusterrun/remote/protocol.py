@@ -332,7 +332,15 @@ CHECK = Spec("check", {
     "env": ((dict,), dict),  # the job's environment: the runtime is asked with it, as it runs the job with it
     "warm": ((dict, None), None, WARM),  # start the job's torchrun now (null: at go)
 })
-SPECS = {spec.mode: spec for spec in (RUN, EXEC, COLLECT, SWEEP, PS, CHECK)}
+MIRROR = Spec("mirror", {  # a detached run's record from its supervisor's node (mirror.py)
+    "run_id": ((str,), REQUIRED),
+    "node": ((str,), REQUIRED),  # the supervisor's node marker (clusterrun.detached.host.marker_node)
+    "dir": ((str,), REQUIRED),  # the record's directory there
+    "have": ((dict,), dict),  # {path under dir: bytes the caller has} of its log files
+    "max_bytes": ((int,), COLLECT_MAX_BYTES),  # per file, per call
+    "stop": ((str, None), None),  # who asks the run to stop (clusterrun down), or null
+})
+SPECS = {spec.mode: spec for spec in (RUN, EXEC, COLLECT, SWEEP, PS, CHECK, MIRROR)}
 
 
 def encode_spec(spec: dict[str, Any]) -> str:
