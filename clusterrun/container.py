@@ -12,9 +12,10 @@ has (docs/containers.md says more):
 * ``--ipc host`` (or ``--shm-size`` when the inventory asks for a private IPC namespace): NCCL's shared memory
   transport needs far more than the 64 MB ``/dev/shm`` a private namespace gets by default.
 * ``--ulimit memlock=-1``: RDMA registers (pins) memory; ``--ulimit stack=67108864``: NVIDIA's recommendation.
-* GPUs: only the run's (the plan's ``CUDA_VISIBLE_DEVICES``): ``--gpus "device=…"`` for docker with the NVIDIA
-  toolkit, CDI ``--device nvidia.com/gpu=N`` for podman; inside, they are numbered from 0 again, so the
-  container's ``CUDA_VISIBLE_DEVICES`` is ``0..n-1``.
+* GPUs: only the run's (the plan's ``CUDA_VISIBLE_DEVICES``: the physical indices chosen within the node's own
+  ``CUDA_VISIBLE_DEVICES``, or that value itself where it names MIG instances or UUIDs): docker with the NVIDIA
+  toolkit gets ``--gpus "device=…"``, podman CDI's ``--device nvidia.com/gpu=N``; inside, they are numbered
+  again starting at 0, so the container's ``CUDA_VISIBLE_DEVICES`` is ``0..n-1``.
 * ``--device /dev/infiniband`` and ``--cap-add IPC_LOCK`` on nodes with RDMA NICs: without the devices NCCL
   silently falls back to sockets.
 * ``--cap-add SYS_PTRACE``: py-spy can take a hung rank's stack.
@@ -34,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from clusterrun.facts.gpus import read_unlisted
 from clusterrun.inventory.container import ContainerSettings, Runtime
 
 #: Labels that mark a run's containers on a node (``rm -f --filter label=...`` removes them).
@@ -91,9 +93,13 @@ def env_flags(runtime: Runtime, names: Iterable[str]) -> list[str]:
 
 
 def _gpus(env: dict[str, str], gpus: tuple[int, ...]) -> list[str]:
+    """The GPUs the container gets: those the plan's CUDA_VISIBLE_DEVICES names (physical indices, or the node's
+    own value where it names MIG instances or UUIDs), read as CUDA reads it (up to ``-1`` or a word that names no
+    GPU); the node's GPU list where it is not set."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [g.strip() for g in visible.split(",") if g.strip()]
+        indices, names = read_unlisted(visible)
+        return [str(i) for i in indices] or list(names)
     return [str(g) for g in gpus]
 
 
