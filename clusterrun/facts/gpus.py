@@ -21,6 +21,7 @@ from clusterrun.facts.parsers import nvidia_smi, topo
 ALLOW_BUSY_FLAG = "--allow-busy-gpus"
 NPROC_FLAG = "--nproc-per-node"
 
+
 @dataclass(frozen=True)
 class GpuProcess:
     """A compute process on a GPU; ``user`` and ``run_id`` (its CLUSTERRUN_RUN_ID) when the node could tell."""
