@@ -12,9 +12,10 @@ has (docs/containers.md says more):
 * ``--ipc host`` (or ``--shm-size`` when the inventory asks for a private IPC namespace): NCCL's shared memory
   transport needs far more than the 64 MB ``/dev/shm`` a private namespace gets by default.
 * ``--ulimit memlock=-1``: RDMA registers (pins) memory; ``--ulimit stack=67108864``: NVIDIA's recommendation.
-* GPUs: only the run's (the plan's ``CUDA_VISIBLE_DEVICES``): ``--gpus "device=…"`` for docker with the NVIDIA
-  toolkit, CDI ``--device nvidia.com/gpu=N`` for podman; inside, they are numbered from 0 again, so the
-  container's ``CUDA_VISIBLE_DEVICES`` is ``0..n-1``.
+* GPUs: only the run's (the plan's ``CUDA_VISIBLE_DEVICES``: the physical indices chosen within the node's own
+  ``CUDA_VISIBLE_DEVICES``, or that value itself where it names MIG instances or UUIDs): docker with the NVIDIA
+  toolkit gets ``--gpus "device=…"``, podman CDI's ``--device nvidia.com/gpu=N``; inside, they are numbered
+  again starting at 0, so the container's ``CUDA_VISIBLE_DEVICES`` is ``0..n-1``.
 * ``--device /dev/infiniband`` and ``--cap-add IPC_LOCK`` on nodes with RDMA NICs: without the devices NCCL
   silently falls back to sockets.
 * ``--cap-add SYS_PTRACE``: py-spy can take a hung rank's stack.
@@ -30,6 +31,7 @@ Apptainer shares the host's network, IPC, devices and limits by default and keep
 
 from __future__ import annotations
 
+from clusterrun.facts.gpus import read_unlisted
 from clusterrun.inventory.container import ContainerSettings
 from clusterrun.inventory.kinds import Runtime
 from clusterrun.planfile import ContainerPlan, env_flags  # noqa: F401 - the container command's record
@@ -46,9 +48,13 @@ RUNTIME_SETTINGS = ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_RE
 
 
 def _gpus(env: dict[str, str], gpus: tuple[int, ...]) -> list[str]:
+    """The GPUs the container gets: those the plan's CUDA_VISIBLE_DEVICES names (physical indices, or the node's
+    own value where it names MIG instances or UUIDs), read as CUDA reads it (up to ``-1`` or a word that names no
+    GPU); the node's GPU list where it is not set."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [g.strip() for g in visible.split(",") if g.strip()]
+        indices, names = read_unlisted(visible)
+        return [str(i) for i in indices] or list(names)
     return [str(g) for g in gpus]
 
 
