@@ -306,6 +306,9 @@ def build_plan(inv: Inventory, job: JobSpec, ssh_addresses: Mapping[str, str] | 
             "--nproc-per-node", str(nproc),
             "--master-addr", master_addr,
             "--master-port", str(master_port),
+            # This node's own address, from the plan like every other: torchrun otherwise takes its host name's
+            # FQDN where it needs one (the c10d rendezvous, MASTER_ADDR where none is given), which needs DNS.
+            "--local-addr", path.address,
             "--max-restarts", str(job.max_restarts),
             # Each rank's output goes to its own file on the node, so lines of different
             # ranks never interleave and nothing is lost if the stream breaks.
