@@ -148,6 +148,10 @@ def build_plan(inv: Inventory, job: JobSpec, ssh_addresses: Mapping[str, str] | 
             "--nproc-per-node", str(nproc),
             "--master-addr", master_addr,
             "--master-port", str(master_port),
+            # This node's own address, from the plan like the master's: wherever torchrun needs it (the c10d
+            # rendezvous, MASTER_ADDR when none is given) it would otherwise take its host name's FQDN, which needs
+            # DNS (pytorch#150532). Every torch clusterrun supports (>= 2.1; torch 2.0 on) has the flag.
+            "--local-addr", path.address,
             "--max-restarts", str(job.max_restarts),
             # Each rank's output goes to its own file on the node, so lines of different
             # ranks never interleave and nothing is lost if the stream breaks.

@@ -14,7 +14,9 @@ may be less than what is logged, never more:
   ``ESC [ ... m``) are kept. ``raw`` shows everything as it came;
 * torchrun's own lines: with ``ranks``, only the nodes that hold one of them (errors always); torchrun's
   known end-of-run noise (the exit-barrier error of a node whose ranks had finished,
-  :mod:`clusterrun.facts.torchrun_noise`) is kept in launcher.log only, and said once in one line.
+  :mod:`clusterrun.facts.torchrun_noise`) is kept in launcher.log only, and said once in one line;
+* c10d's reverse-lookup warning, which every torchrun and every rank writes where no DNS server answers
+  (:func:`clusterrun.facts.torchrun_noise.is_lookup_note`), is said once, as harmless; the logs keep each copy.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TextIO
 
-from clusterrun.facts.torchrun_noise import NoiseFilter, Sorted
+from clusterrun.facts.torchrun_noise import LOOKUP_NOTE, NoiseFilter, Sorted, is_lookup_note
 
 DISPLAY_MAX = 16 << 10  # characters of one line shown on the terminal
 BAR_EVERY_TTY = 1.0  # seconds between two shown updates of one rank's progress bar, on a terminal
@@ -91,6 +93,7 @@ class Console:
         self.raw = raw  # show control characters as they came
         self._noise: dict[str, NoiseFilter] = {}  # per node: torchrun's lines held back while they may be noise
         self.noise_said = False  # the one line about torchrun's exit-barrier noise was written
+        self.lookup_said = False  # the one line about c10d's reverse-lookup warning was written
 
     def _prefix(self, tag: str, node: str) -> str:
         if not self.color:
@@ -126,7 +129,17 @@ class Console:
             except (OSError, ValueError):
                 pass
 
+    def _known_note(self, node: str, text: str) -> bool:
+        """Whether ``text`` is c10d's reverse-lookup warning, which is then said once, not shown."""
+        if not is_lookup_note(text):
+            return False
+        if not self.lookup_said:
+            self.lookup_said = True
+            self.info(f"{node}: {LOOKUP_NOTE}")
+        return True
+
     def _write_lines(self, node: str, rank: int, texts: list[str]) -> None:
+        texts = [t for t in texts if not self._known_note(node, t)]
         if texts:
             prefix = self._prefix(f"[{node}:{rank}]", node)
             body = "".join(f"{prefix} {shorten(t)}\n" for t in texts)
@@ -207,6 +220,8 @@ class Console:
         if error:
             self._node_lines(node, self._noise.pop(node, NoiseFilter()).flush())
             self._node_lines(node, Sorted((text,)))
+            return
+        if self._known_note(node, text):
             return
         noise = self._noise.setdefault(node, NoiseFilter())
         self._node_lines(node, noise.feed(text, time.monotonic() if now is None else now))
