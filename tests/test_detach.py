@@ -264,3 +264,28 @@ def test_rank0s_node_cut_off_the_others_stop_by_themselves(sim_cluster: SimClust
     sim_cluster.heal("node0")
     record = status(run_id, tmp_path)
     assert record["state"] == "failed" and record["first_failure"]["node"] in ("node1", "node2"), record
+
+
+def test_notifications_the_supervisor_cannot_deliver_are_sent_from_here(sim_cluster: SimCluster,
+                                                                         tmp_path: Path) -> None:
+    # The webhook listens on this machine's loopback: node0 (its own network namespace) has no route to it, as a
+    # compute node often has none out; the next look from here sends what the supervisor could not.
+    from test_notify import _Hook
+
+    server = _Hook(0.0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+        (tmp_path / "tick.py").write_text(TICKER)
+        run_id = detach(inv, tmp_path, "tick.py", "--notify", server.url)
+        done = run_clusterrun("logs", run_id, "-f", cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "the 'end' document the run's supervisor could not deliver" in done.stderr, done.stderr
+        assert sorted(d["event"] for d in server.received) == ["end", "start"]
+        assert all(d["run_id"] == run_id for d in server.received)
+        again = run_clusterrun("status", run_id, cwd=tmp_path)  # each document goes once
+        assert "could not deliver" not in again.stderr and len(server.received) == 2
+    finally:
+        server.shutdown()
+        server.server_close()

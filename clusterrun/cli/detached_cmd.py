@@ -21,7 +21,7 @@ MAX_MISSES = 30
 def refreshed(found: Any, *, quiet: bool = False) -> Any:
     """Bring the mirror of a detached run up to date (nothing for any other run, or one whose end is recorded):
     what the look found, or None. A node that cannot be asked is said on stderr; the last mirror is shown."""
-    from clusterrun.ops.mirror import over, refresh, settle, supervisor_of
+    from clusterrun.ops.mirror import over, refresh, send_pending, settle, supervisor_of
 
     host = supervisor_of(found)
     if host is None or over(found):
@@ -33,6 +33,8 @@ def refreshed(found: Any, *, quiet: bool = False) -> Any:
         said = settle(found, host)
         if not quiet:
             click.echo(f"clusterrun: {said}", err=True)
+    for line in send_pending(found):
+        click.echo(f"clusterrun: {line}", err=True)
     if over(found):  # its end reached this machine just now: the page says so too
         from clusterrun.cli.report_cmd import leave_page
 

@@ -33,13 +33,14 @@ from typing import Any
 
 from clusterrun.detached.links import Listener
 from clusterrun.launch.console import Console
+from clusterrun.launch.outcome import notify_end, notify_start
 from clusterrun.launch.phase import STOP_SIGNAL
 from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
-from clusterrun.notify import Notifier
+from clusterrun.notify import Notifier, pending
 from clusterrun.planfile import LaunchPlan
 from clusterrun.remote import protocol
-from clusterrun.runs.dirs import RunDir
+from clusterrun.runs.dirs import RunDir, atomic_write
 from clusterrun.runs.record import RunRecord, RunState, write_record
 
 #: The run's record on rank 0's node, relative to the run's own directory there (``<remote runs>/<run id>/``).
@@ -53,6 +54,11 @@ def marker_node(node: str) -> str:
     agent, which stops whatever of the run is left on its node when its job ends, leaves the supervisor alone."""
     return f"{node}/supervisor"
 
+
+#: Notifications the supervisor could not deliver (a node with no route out), for clusterrun's machine to send.
+NOTIFY_PENDING = "notify-pending.json"
+#: Seconds the end of the run waits for its last documents to go out (no terminal waits on this one).
+NOTIFY_WAIT = 10.0
 
 #: Seconds the agents get to connect after ``listening``.
 CONNECT_TIMEOUT = 60.0
@@ -124,22 +130,24 @@ def serve(spec: dict[str, Any]) -> int:
     def going() -> None:
         _say({"ev": GOING, "time": time.time()})
         _leave_session(run_dir.path / HOST_LOG)
+        if supervisor.notifier is not None:
+            notify_start(supervisor.notifier, plan, str(run_dir.path))
 
     supervisor.after_start = going
     outcome = supervisor.run()
     outcome.started = started
-    signalled = outcome.interrupted_by
-    write_record(run_dir, final_record(outcome.record(), run_dir, signalled))
+    # The documents first: what could not go out is in the record's directory before the record says the run
+    # ended (a look that sees the end sees them too).
+    if supervisor.notifier is not None:
+        notify_end(supervisor.notifier, outcome, plan, str(run_dir.path))
+        missed = pending(supervisor.notifier.close(wait=NOTIFY_WAIT))
+        if missed:  # this node may have no route out: the next look from clusterrun's machine sends them
+            console.info(f"--notify: {len(missed)} document(s) not delivered from {plan.master.name}; the next "
+                         "`clusterrun status`, `logs`, `attach` or `down` sends them from where it runs")
+            atomic_write(run_dir.path / NOTIFY_PENDING, json.dumps(missed) + "\n")
+    write_record(run_dir, final_record(outcome.record(), run_dir, outcome.interrupted_by))
     console.info(f"run {plan.run_id} {outcome.state.value}" + (f": {outcome.first_failure.describe()}"
                                                                if outcome.first_failure else ""))
-    if supervisor.notifier is not None:
-        failure = outcome.first_failure
-        supervisor.notifier.send("end", f"clusterrun: run {plan.run_id} {outcome.state.value} (exit code "
-                                        f"{outcome.exit_code})" + (f": {failure.describe()}" if failure else ""),
-                                 run_id=plan.run_id, state=outcome.state.value, exit_code=outcome.exit_code,
-                                 nodes=[n.name for n in plan.nodes],
-                                 first_failure=failure.to_dict() if failure else None)
-        supervisor.notifier.close()
     console_file.close()
     return 0
 

@@ -14,7 +14,17 @@ from clusterrun.errors import ClusterrunError, GpusLeased, StartError, UsageErro
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
-from clusterrun.launch.outcome import Attempt, RankState, RunOutcome, Signature, no_restart, signature, untrusted_nodes
+from clusterrun.launch.outcome import (
+    Attempt,
+    RankState,
+    RunOutcome,
+    Signature,
+    no_restart,
+    notify_end,
+    notify_start,
+    signature,
+    untrusted_nodes,
+)
 from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.ready import NodeReady, check_ready, drop, image_lines, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
@@ -82,13 +92,7 @@ def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transpor
 
 
 def _notify_end(notifier: Notifier, outcome: RunOutcome, plan: LaunchPlan, run_dir: RunDir, console: Console) -> None:
-    failure = outcome.first_failure
-    duration = (outcome.ended or time.time()) - outcome.started
-    text = (f"clusterrun: run {plan.run_id} {outcome.state.value} after {duration:.0f}s (exit code "
-            f"{outcome.exit_code})" + (f": {failure.describe()}" if failure else ""))
-    notifier.send("end", text, run_id=plan.run_id, state=outcome.state.value, exit_code=outcome.exit_code,
-                  nodes=[n.name for n in plan.nodes], first_failure=failure.to_dict() if failure else None,
-                  run_dir=str(run_dir.path), duration=duration, logs_complete=outcome.logs_complete)
+    notify_end(notifier, outcome, plan, str(run_dir.path))
     for missed in notifier.close():  # waits a second at most: a slow webhook never holds the run
         console.info(f"--notify {missed.url}: the {missed.event!r} document "
                      + (f"was not delivered ({missed.error})" if missed.error else "was still on its way"))
@@ -167,9 +171,7 @@ class _Run:
             if detach:
                 self._detach(plan, ready)
                 return None, self.run_dir
-            self.notifier.send("start", f"clusterrun: run {plan.run_id} started on {plan.nnodes} node(s), "
-                                        f"{plan.world_size} rank(s)", run_id=plan.run_id, state="running",
-                               nodes=[n.name for n in plan.nodes], run_dir=str(self.run_dir.path))
+            notify_start(self.notifier, plan, str(self.run_dir.path))
             outcome = self._run(plan, ready, attempt)
         except StartError as exc:
             self._write(read_record(self.run_dir).replace(state=RunState.not_started, pid=None, ended=time.time(),

@@ -31,7 +31,7 @@ from clusterrun.transport.factory import transport_for
 
 MIRROR_TIMEOUT = 60.0
 #: Record files that stay as this machine has them (the plan: the same; the stop request: the supervisor's).
-KEPT = ("plan.json", "inventory.json", mirror.STOP_REQUEST)
+KEPT = ("plan.json", "inventory.json", mirror.STOP_REQUEST, "notify-sent.json")
 #: The states a mirror has nothing more to learn in.
 OVER = (RunState.succeeded, RunState.failed, RunState.stopped, RunState.interrupted, RunState.not_started)
 
@@ -165,3 +165,31 @@ def settle(run: RunDir, host: ClusterSupervisor) -> str:
                                            "end (killed, or its node lost): the end is judged from what the nodes "
                                            "reported")
     return f"the run's supervisor on {host.node} is gone: its end was judged from what the nodes reported"
+
+
+#: What this machine did with the supervisor's undelivered notifications (one entry each, in order).
+NOTIFY_SENT = "notify-sent.json"
+
+
+def send_pending(run: RunDir) -> list[str]:
+    """Send from here the notifications the supervisor could not deliver (its node has no route out, say), each
+    once; what happened to each, in words. What was tried is kept in ``notify-sent.json``."""
+    from clusterrun.detached.host import NOTIFY_PENDING
+    from clusterrun.notify import send_now
+
+    try:
+        missed = json.loads((run.path / NOTIFY_PENDING).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    try:
+        done = json.loads((run.path / NOTIFY_SENT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        done = []
+    said = []
+    for item in missed[len(done):]:
+        why = send_now(str(item["url"]), str(item["body"]).encode())
+        done.append({"event": item.get("event"), "sent": why is None, "error": why})
+        said.append(f"--notify: the {item.get('event')!r} document the run's supervisor could not deliver "
+                    f"({item.get('error')}) " + ("was sent from here" if why is None else f"failed from here too: {why}"))
+    atomic_write(run.path / NOTIFY_SENT, json.dumps(done) + "\n")
+    return said
