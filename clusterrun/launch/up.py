@@ -91,13 +91,6 @@ def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transpor
         run_dir.write_json("preflight.json", record)
 
 
-def _notify_end(notifier: Notifier, outcome: RunOutcome, plan: LaunchPlan, run_dir: RunDir, console: Console) -> None:
-    notify_end(notifier, outcome, plan, str(run_dir.path))
-    for missed in notifier.close():  # waits a second at most: a slow webhook never holds the run
-        console.info(f"--notify {missed.url}: the {missed.event!r} document "
-                     + (f"was not delivered ({missed.error})" if missed.error else "was still on its way"))
-
-
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             settings: SupervisorSettings | None = None, preflight_mode: str = "quick",
             detach: bool = False, full_check: FullCheck | None = None,
@@ -191,7 +184,10 @@ class _Run:
             raise
         outcome, plan = self._restarts(plan, outcome)
         self._finish(outcome)
-        _notify_end(self.notifier, outcome, plan, self.run_dir, self.console)
+        notify_end(self.notifier, outcome, plan, str(self.run_dir.path))
+        for missed in self.notifier.close():  # waits a second at most: a slow webhook never holds the run
+            self.console.info(f"--notify {missed.url}: the {missed.event!r} document "
+                              + (f"was not delivered ({missed.error})" if missed.error else "was still on its way"))
         return outcome, self.run_dir
 
     def _detach(self, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> None:
