@@ -92,7 +92,7 @@ def final_record(outcome_record: RunRecord, run_dir: RunDir, signalled: int | No
     """The run's end as this supervisor writes it: stopped (by whom) when `clusterrun down` asked and nothing had
     failed before; a first failure that came before the stop is kept."""
     record = outcome_record.replace(detached=True, pid=None)
-    by = _stopped_by(run_dir) if signalled == STOP_SIGNAL else None
+    by = (_stopped_by(run_dir) or "clusterrun down") if signalled == STOP_SIGNAL else None
     if signalled in (STOP_SIGNAL, signal.SIGTERM):
         # The ranks got SIGTERM, whoever asked: the exit code says so, the record says who.
         record = record.replace(stopped_by=by or "SIGTERM to the run's supervisor", interrupted_by="SIGTERM")
