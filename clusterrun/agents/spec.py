@@ -34,13 +34,13 @@ def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: fl
              stage: Sequence[Sequence[str]] | None = None, detached: bool = False, script_args: int = 0,
              stacks: bool = False, flight: bool = False, load_every: float = 0.0,
              watch_interval: float | None = None,
-             watch_dead_after: float = protocol.WATCH_DEAD_AFTER) -> Spec:
+             watch_dead_after: float = protocol.WATCH_DEAD_AFTER, sample_every: float = 0.0) -> Spec:
     """``run`` (``go`` after ``prepare``): ``node``'s part of the job.
 
     ``script_args``: how many of the argv's last items are the script's own arguments (passed exactly as
     typed, never expanded); ``stacks``: the workers' stack hook (``flight``: with torch's flight recorder);
     ``load_every``: seconds between CPU reports (0: none); ``watch_interval``: the data-path watch on the node's
-    data address (None: no watch).
+    data address (None: no watch); ``sample_every``: seconds between the node's samples (0: none).
     """
     binds = CPU_BIND_VAR in node.env_dict()
     watch = None
@@ -63,6 +63,7 @@ def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: fl
         # The workers' hook: stacks (hang diagnosis, restarts), and the CPU binding of each rank.
         "stacks": {"hook": remote.source("stackhook"), "flight": flight} if stacks or binds else None,
         "load_every": load_every,
+        "sample_every": sample_every,
         "watch": watch,
         "gpus": list(node.gpus),
         "container": container_spec(node),

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("clusterrun.cli.runs_cmd", "logs", "Print (or follow) a run's rank logs, prefixed [node:rank]."),
     "down": ("clusterrun.cli.runs_cmd", "down", "Stop a run, or whatever is left of one, on every node."),
     "attach": ("clusterrun.cli.detached_cmd", "attach", "Show a detached run's output live; Ctrl-C leaves it running."),
+    "metrics": ("clusterrun.cli.metrics_cmd", "metrics", "Show a run's series per node: NICs, GPUs, ranks; energy; wrong NIC."),
     "report": ("clusterrun.cli.report_cmd", "report", "Write a run's (or doctor round's) HTML page and print where."),
     "ps": ("clusterrun.cli.ps_cmd", "ps", "Show what runs on the nodes, whoever started it: run, user, GPUs, since."),
     "check": ("clusterrun.cli.check_cmd", "check", "Validate an inventory file and report every problem with its line."),

@@ -18,6 +18,9 @@ relay.py            a detached run: the agent's stream moved to the run's superv
 bundle.py           clusterrun's own modules taken to a node whole: the cluster supervisor of a detached run
 tailing.py          the agent's reading of the rank log files, sent on as ``out`` events
 pathwatch.py        the agent's data-path watch: UDP probes to its peers, answers to theirs
+sampler.py          the agent's series of the node: NICs, RDMA ports, ranks, load, GPUs, every few seconds
+ranksockets.py      its part on the ranks' own TCP connections: which NIC, which peers, how many bytes
+gpuloop.py          its GPU part: one looping nvidia-smi for the run, bounded, restarted when it hangs or dies
 stacks.py           the agent's stack dumps of its workers (py-spy, or the hook below)
 stackhook.py        a sitecustomize for the workers: faulthandler on a signal, for stacks without py-spy
 ready.py            the ready check before a launch: python, torch, run directory, master port, staged
@@ -69,6 +72,7 @@ def _packed(name: str) -> str:
 
 # What the agent imports, sent with it, in import order.
 AGENT_MODULES = ("protocol", "wire", "relay", "procs", "warm", "containers", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
+                 "ranksockets", "gpuloop", "sampler",
                  "ready", "session", "job", "collect", "execmode", "mirror")
 #: The modules a program other than the agent imports, sent with it when it goes inline.
 PROGRAM_MODULES = {"nodefacts": ("gpufacts",)}

@@ -1,0 +1,228 @@
+"""The ranks' own TCP connections, for the node's series: which NIC carries each, between which addresses, and
+(where the kernel tells) how many bytes went each way.
+
+A rank's sockets are the ``socket:[inode]`` links of ``/proc/<pid>/fd``; the kernel's table of TCP sockets
+(``/proc/<pid>/net/tcp`` and ``tcp6``, read in the ranks' own network namespace) gives each inode its local and
+remote address; the local address names the NIC (the interface whose route holds it: ``/proc/<pid>/net/route``,
+or ``/proc/<pid>/net/if_inet6`` for IPv6). Only established connections count, and never the one to torchrun's
+store (``MASTER_PORT``): its bytes are control, not collectives.
+
+Bytes per connection come from the kernel's socket diagnostics (NETLINK_SOCK_DIAG, ``tcp_info``'s
+``bytes_acked``/``bytes_received``), where the agent shares the ranks' network namespace; elsewhere only the
+connections are known. Every reader is bounded to what the files hold: a rank that ends, a file that cannot be
+read, leaves that part out.
+
+Standard library only: this module travels to the nodes with the agent.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+ESTABLISHED = "01"
+#: Refresh each rank's whole fd table this often (seconds); in between only fds not seen before are read.
+FULL_REFRESH = 30.0
+
+
+def _read(path):
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _hex_ip(text):
+    """An address of /proc/net/tcp{,6} (hex, 32-bit words in host order) as text; IPv4-mapped IPv6 as IPv4."""
+    raw = bytes.fromhex(text)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if len(raw) > 4 else raw[::-1]
+    if len(words) == 4:
+        return socket.inet_ntop(socket.AF_INET, words)
+    if words[:12] == b"\0" * 10 + b"\xff\xff":
+        return socket.inet_ntop(socket.AF_INET, words[12:])
+    return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def tcp_table(proc, pid):
+    """``{inode: (local, lport, remote, rport)}`` of the established TCP sockets in ``pid``'s namespace."""
+    out = {}
+    for name in ("tcp", "tcp6"):
+        for line in _read(os.path.join(proc, str(pid), "net", name)).splitlines()[1:]:
+            cells = line.split()
+            if len(cells) < 10 or cells[3] != ESTABLISHED or not cells[9].isdigit():
+                continue
+            try:
+                local, lport = cells[1].split(":")
+                remote, rport = cells[2].split(":")
+                out[int(cells[9])] = (_hex_ip(local), int(lport, 16), _hex_ip(remote), int(rport, 16))
+            except ValueError:
+                continue
+    return out
+
+
+def interfaces(proc, pid):
+    """``[(network, mask, nic)]`` (IPv4, longest mask first) and ``{ipv6 address: nic}`` of ``pid``'s namespace."""
+    routes = []
+    for line in _read(os.path.join(proc, str(pid), "net", "route")).splitlines()[1:]:
+        cells = line.split()
+        if len(cells) < 8:
+            continue
+        try:  # each printed as the host's 32-bit word of the address: back to network order
+            dest, mask = [struct.unpack("!I", struct.pack("=I", int(cells[i], 16)))[0] for i in (1, 7)]
+        except (ValueError, struct.error):
+            continue
+        if mask:  # the default route names a gateway's NIC, not the one owning an address
+            routes.append((dest, mask, cells[0]))
+    routes.sort(key=lambda r: -r[1])
+    six = {}
+    for line in _read(os.path.join(proc, str(pid), "net", "if_inet6")).splitlines():
+        cells = line.split()
+        if len(cells) >= 6 and len(cells[0]) == 32:
+            six[socket.inet_ntop(socket.AF_INET6, bytes.fromhex(cells[0]))] = cells[5]
+    return routes, six
+
+
+def nic_of(address, routes, six):
+    """The NIC that owns local ``address``, or None."""
+    if ":" in address:
+        return six.get(address)
+    if address.startswith("127."):
+        return "lo"
+    value = struct.unpack("!I", socket.inet_aton(address))[0]
+    for dest, mask, nic in routes:
+        if value & mask == dest & mask:
+            return nic
+    return None
+
+
+def diag_bytes():
+    """``{inode: (bytes sent and acknowledged, bytes received)}`` of this namespace's established TCP sockets,
+    from NETLINK_SOCK_DIAG; None where the kernel refuses it."""
+    out = {}
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4)  # NETLINK_SOCK_DIAG
+    except (OSError, AttributeError):
+        return None
+    try:
+        sock.settimeout(1.0)
+        for family in (socket.AF_INET, socket.AF_INET6):
+            # inet_diag_req_v2: family, TCP, ext = 1 << (INET_DIAG_INFO - 1), states = ESTABLISHED only
+            req = struct.pack("=BBBxI48x", family, socket.IPPROTO_TCP, 1 << 1, 1 << 1)
+            sock.send(struct.pack("=IHHII", 16 + len(req), 20, 0x301, 1, 0) + req)  # REQUEST | DUMP
+            if not _diag_answers(sock, out):
+                return None
+    except OSError:
+        return None
+    finally:
+        sock.close()
+    return out
+
+
+def _diag_answers(sock, out):
+    while True:
+        data = sock.recv(1 << 16)
+        pos = 0
+        while pos + 16 <= len(data):
+            length, kind = struct.unpack_from("=IH", data, pos)
+            if kind == 3:  # NLMSG_DONE
+                return True
+            if kind == 2 or length < 16:  # NLMSG_ERROR
+                return False
+            msg = pos + 16
+            inode = struct.unpack_from("=I", data, msg + 68)[0]
+            attr = msg + 72
+            while attr + 4 <= pos + length:
+                alen, atype = struct.unpack_from("=HH", data, attr)
+                if alen < 4:
+                    break
+                if atype == 2 and alen >= 4 + 136:  # INET_DIAG_INFO: struct tcp_info
+                    out[inode] = struct.unpack_from("=QQ", data, attr + 4 + 120)
+                attr += (alen + 3) & ~3
+            pos += (length + 3) & ~3
+
+
+class RankSockets:
+    """The ranks' connections, sample after sample: per NIC, per ``local>remote`` pair, how many connections and
+    the bytes per second each way since the last sample (``tx``/``rx``; absent where the kernel does not say)."""
+
+    def __init__(self, proc="/proc", diag=True):
+        self.proc = proc
+        self.diag = diag
+        self.fds = {}  # pid -> {fd: inode or None}
+        self.refreshed = {}  # pid -> monotonic time of the last full read of its fds
+        self.last = {}  # inode -> (tx, rx) at the last sample
+        self.same_ns = None
+
+    def _inodes(self, pid, now):
+        folder = os.path.join(self.proc, str(pid), "fd")
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            self.fds.pop(pid, None)
+            return set()
+        known = self.fds.get(pid, {})
+        if now - self.refreshed.get(pid, -FULL_REFRESH) >= FULL_REFRESH:
+            known, self.refreshed[pid] = {}, now
+        fresh = {}
+        for name in names:
+            if name in known:
+                fresh[name] = known[name]
+                continue
+            try:
+                link = os.readlink(os.path.join(folder, name))
+            except OSError:
+                continue
+            fresh[name] = int(link[8:-1]) if link.startswith("socket:[") and link[8:-1].isdigit() else None
+        self.fds[pid] = fresh
+        return {inode for inode in fresh.values() if inode is not None}
+
+    def _shares_namespace(self, pid):
+        try:
+            return os.stat("/proc/self/ns/net").st_ino == os.stat(os.path.join(self.proc, str(pid), "ns", "net")).st_ino
+        except OSError:
+            return False
+
+    def sample(self, pids, dt, store_port=None, now=0.0):
+        """``{nic: {"local>remote": {"n", "tx", "rx"}}}`` for the ranks ``pids`` (``dt``: seconds since the last)."""
+        pids = list(pids)
+        for gone in set(self.fds) - set(pids):
+            self.fds.pop(gone, None)
+            self.refreshed.pop(gone, None)
+        if not pids:
+            return {}
+        inodes = set()
+        for pid in pids:
+            inodes |= self._inodes(pid, now)
+        first = pids[0]
+        table = tcp_table(self.proc, first)
+        routes, six = interfaces(self.proc, first)
+        if self.same_ns is None:
+            self.same_ns = self.diag and self._shares_namespace(first)
+        counters = diag_bytes() if self.same_ns else None
+        out, seen = {}, {}
+        for inode in inodes:
+            conn = table.get(inode)
+            if conn is None or (store_port and store_port in (conn[1], conn[3])):
+                continue
+            local, _, remote, _ = conn
+            nic = nic_of(local, routes, six) or "?"
+            entry = out.setdefault(nic, {}).setdefault(local + ">" + remote, {"n": 0})
+            entry["n"] += 1
+            if counters is not None and inode in counters:
+                seen[inode] = counters[inode]
+                before = self.last.get(inode)
+                if before is not None and dt > 0:
+                    entry["tx"] = entry.get("tx", 0) + max(0, counters[inode][0] - before[0]) / dt
+                    entry["rx"] = entry.get("rx", 0) + max(0, counters[inode][1] - before[1]) / dt
+                else:
+                    entry.setdefault("tx", 0)
+                    entry.setdefault("rx", 0)
+        self.last = seen
+        for pairs in out.values():
+            for entry in pairs.values():
+                for key in ("tx", "rx"):
+                    if key in entry:
+                        entry[key] = int(entry[key])
+        return out
