@@ -73,7 +73,7 @@ def _mean(items: list[tuple[Any, float]], span: float | None) -> Any:
     if not weight:
         return last
     mean = sum(v * w for v, w in numbers) / weight
-    return round(mean) if abs(mean) >= 100 else round(mean, 3)
+    return round(mean) if abs(mean) >= 1e5 else round(mean, 3)  # bytes to the byte, readings finer
 
 
 def fold(samples: list[Sample]) -> Sample:
@@ -118,15 +118,7 @@ def _read(path: Path) -> list[Sample]:
         text = path.read_text(encoding="utf-8")
     except OSError:
         return []
-    out = []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash: the others stand
-        if isinstance(item, dict) and "t" in item:
-            out.append(item)
-    return out
+    return [item for item in map(_parse, text.splitlines()) if item is not None]
 
 
 def _line(sample: Mapping[str, Any]) -> str:
@@ -144,9 +136,9 @@ class SeriesWriter:
 
     def on_sample(self, node: str, event: Mapping[str, Any]) -> list[Any]:
         """Keep one ``sample`` event of ``node`` (its ``ev``/``n`` keys dropped); the judge's verdicts, if any."""
-        sample = {k: v for k, v in event.items() if k not in ("ev", "n")}
-        if "t" not in sample:
+        if "t" not in event:
             return []
+        sample = {"t": event["t"], **{k: v for k, v in event.items() if k not in ("ev", "n", "t")}}
         self.extend(node, [sample])
         return list(self.judge.feed(node, sample)) if self.judge is not None else []
 
@@ -180,18 +172,51 @@ class SeriesWriter:
             self._pass_on(node, level, newest - span)
 
     def _pass_on(self, node: str, level: int, cutoff: float) -> None:
-        """Fold the samples of tier ``level`` older than ``cutoff`` into the next tier; keep the rest."""
+        """Fold the samples of tier ``level`` older than ``cutoff`` into the next tier; keep the rest as written
+        (only the lines folded are parsed: each sample is read once in its life)."""
         bucket, _ = TIERS[level]
         size = TIERS[level + 1][0]
         cutoff = (cutoff // size) * size  # whole buckets only: a bucket is never split between two writes
         path = self.run_dir / node / tier_file(bucket)
-        samples = _read(path)
-        old = [s for s in samples if float(s["t"]) < cutoff]
-        keep = [s for s in samples if float(s["t"]) >= cutoff]
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        except OSError:
+            return
+        old: list[Sample] = []
+        keep_from = len(lines)
+        for i, line in enumerate(lines):
+            when = _time_of(line)
+            if when is not None and when >= cutoff:
+                keep_from = i
+                break
+            sample = _parse(line)
+            if sample is not None:
+                old.append(sample)
         if old:
             self._append(node, level + 1, buckets(old, size))
-        atomic_write(path, "".join(_line(s) for s in keep))
-        self.first[(node, bucket)] = float(keep[0]["t"]) if keep else None
+        keep = lines[keep_from:]
+        atomic_write(path, "".join(keep))
+        self.first[(node, bucket)] = _time_of(keep[0]) if keep else None
+
+
+def _time_of(line: str) -> float | None:
+    """The ``t`` of a line as :func:`_line` writes it (``{"t":<number>,``), without parsing the rest."""
+    if line.startswith('{"t":'):
+        end = line.find(",", 5)
+        try:
+            return float(line[5:end])
+        except ValueError:
+            pass
+    sample = _parse(line)
+    return float(sample["t"]) if sample is not None else None
+
+
+def _parse(line: str) -> Sample | None:
+    try:
+        item = json.loads(line)
+    except ValueError:
+        return None  # a line cut by a crash: the others stand
+    return item if isinstance(item, dict) and "t" in item else None
 
 
 def node_dirs(run_dir: str | Path) -> list[Path]:
