@@ -159,7 +159,7 @@ def test_kernel_socket_counters_give_the_bytes_of_each_rank_connection() -> None
     client = socket.create_connection(server.getsockname())
     peer, _ = server.accept()
     with server, client, peer:
-        counters = ranksockets.diag_bytes()
+        counters = ranksockets.diag_sockets()
         if counters is None:
             pytest.skip("this kernel refuses NETLINK_SOCK_DIAG")
         sockets = ranksockets.RankSockets()

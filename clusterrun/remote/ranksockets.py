@@ -97,17 +97,20 @@ def nic_of(address, routes, six):
     return None
 
 
-def diag_bytes():
-    """``{inode: (bytes sent and acknowledged, bytes received)}`` of this namespace's established TCP sockets,
-    from NETLINK_SOCK_DIAG; None where the kernel refuses it."""
+def diag_sockets(sock=None, families=(socket.AF_INET, socket.AF_INET6)):
+    """``{inode: (local, lport, remote, rport, bytes sent and acknowledged, bytes received, uid, family)}`` of this network
+    namespace's established TCP sockets, from NETLINK_SOCK_DIAG (one request, no text to parse: /proc/net/tcp on
+    a busy host costs milliseconds); None where the kernel refuses it. The bytes are None on kernels before 4.2.
+    ``sock``: a netlink socket of :func:`diag_socket` to use (kept open between samples), else one for this call;
+    ``families``: the address families asked for."""
+    own = sock is None
+    if own:
+        sock = diag_socket()
+        if sock is None:
+            return None
     out = {}
     try:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4)  # NETLINK_SOCK_DIAG
-    except (OSError, AttributeError):
-        return None
-    try:
-        sock.settimeout(1.0)
-        for family in (socket.AF_INET, socket.AF_INET6):
+        for family in families:
             # inet_diag_req_v2: family, TCP, ext = 1 << (INET_DIAG_INFO - 1), states = ESTABLISHED only
             req = struct.pack("=BBBxI48x", family, socket.IPPROTO_TCP, 1 << 1, 1 << 1)
             sock.send(struct.pack("=IHHII", 16 + len(req), 20, 0x301, 1, 0) + req)  # REQUEST | DUMP
@@ -116,8 +119,27 @@ def diag_bytes():
     except OSError:
         return None
     finally:
-        sock.close()
+        if own:
+            sock.close()
     return out
+
+
+def diag_socket():
+    """A NETLINK_SOCK_DIAG socket (its reads bounded), or None where the kernel refuses one."""
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4)
+    except (OSError, AttributeError):
+        return None
+    sock.settimeout(1.0)
+    return sock
+
+
+def _address(family, raw):
+    if family == socket.AF_INET:
+        return socket.inet_ntop(socket.AF_INET, raw[:4])
+    if raw[:12] == b"\0" * 10 + b"\xff\xff":
+        return socket.inet_ntop(socket.AF_INET, raw[12:16])
+    return socket.inet_ntop(socket.AF_INET6, raw[:16])
 
 
 def _diag_answers(sock, out):
@@ -130,30 +152,48 @@ def _diag_answers(sock, out):
                 return True
             if kind == 2 or length < 16:  # NLMSG_ERROR
                 return False
-            msg = pos + 16
-            inode = struct.unpack_from("=I", data, msg + 68)[0]
+            msg = pos + 16  # struct inet_diag_msg: family, state, timer, retrans, sockid, ..., inode at 68
+            family = data[msg]
+            lport, rport = struct.unpack_from("!HH", data, msg + 4)
+            local, remote = _address(family, data[msg + 8:msg + 24]), _address(family, data[msg + 24:msg + 40])
+            uid, inode = struct.unpack_from("=II", data, msg + 64)
+            sent = received = None
             attr = msg + 72
             while attr + 4 <= pos + length:
                 alen, atype = struct.unpack_from("=HH", data, attr)
                 if alen < 4:
                     break
-                if atype == 2 and alen >= 4 + 136:  # INET_DIAG_INFO: struct tcp_info
-                    out[inode] = struct.unpack_from("=QQ", data, attr + 4 + 120)
+                if atype == 2 and alen >= 4 + 136:  # INET_DIAG_INFO: struct tcp_info, bytes_acked at 120
+                    sent, received = struct.unpack_from("=QQ", data, attr + 4 + 120)
                 attr += (alen + 3) & ~3
+            out[inode] = (local, lport, remote, rport, sent, received, uid, family)
             pos += (length + 3) & ~3
 
 
 class RankSockets:
     """The ranks' connections, sample after sample: per NIC, per ``local>remote`` pair, how many connections and
-    the bytes per second each way since the last sample (``tx``/``rx``; absent where the kernel does not say)."""
+    the bytes per second each way since the last sample (``tx``/``rx``; absent where the kernel does not say).
+
+    Reading every rank's fd table is what costs (hundreds of fds per CUDA worker), so it is read again only when
+    the kernel lists a connection not seen before (at most every ``RESCAN`` seconds), or every ``FULL_REFRESH``."""
+
+    RESCAN = 2.0
 
     def __init__(self, proc="/proc", diag=True):
         self.proc = proc
         self.diag = diag
         self.fds = {}  # pid -> {fd: inode or None}
         self.refreshed = {}  # pid -> monotonic time of the last full read of its fds
+        self.inodes = set()  # the ranks' sockets at the last scan
+        self.scanned = None  # (monotonic time, pids) of the last scan
+        self.known = set()  # every connection the kernel listed at the last scan
+        self.table = {}  # the /proc/net/tcp table, where the kernel's diagnostics cannot be had
+        self.nets = ([], {}, None)  # routes, IPv6 addresses, when read
         self.last = {}  # inode -> (tx, rx) at the last sample
         self.same_ns = None
+        self.netlink = None  # the NETLINK_SOCK_DIAG socket, open for the sampler's life
+        self.families = None  # the address families of the ranks' connections at the last look
+        self.uid = None  # the ranks' user: only a new connection of theirs asks for a new look at their fds
 
     def _inodes(self, pid, now):
         folder = os.path.join(self.proc, str(pid), "fd")
@@ -184,45 +224,68 @@ class RankSockets:
         except OSError:
             return False
 
+    def _connections(self, pids, now):
+        """Every established connection of the ranks' namespace, and whether the ranks' sockets need a new scan."""
+        if self.same_ns is None:
+            self.same_ns = bool(self.diag) and self._shares_namespace(pids[0])
+            try:
+                self.uid = os.stat(os.path.join(self.proc, str(pids[0]))).st_uid
+            except OSError:
+                self.uid = None
+        if self.same_ns and self.netlink is None:
+            self.netlink = diag_socket()
+        # Between two looks at the fds, only the families the ranks' sockets are of (each dump costs the kernel
+        # a walk of the namespace's sockets).
+        due = self.scanned is None or self.scanned[1] != pids or now - self.scanned[0] >= FULL_REFRESH
+        families = (socket.AF_INET, socket.AF_INET6) if due or self.families is None else self.families
+        listed = diag_sockets(self.netlink, families) if self.netlink is not None else None
+        if listed is None and self.netlink is not None:
+            self.netlink.close()  # refused or broken: the text table from now on
+            self.netlink, self.same_ns = None, False
+        if listed is not None:  # a new connection of the ranks' user: theirs, perhaps
+            fresh = due or (now - self.scanned[0] >= self.RESCAN and any(
+                inode not in self.known and conn[6] == self.uid for inode, conn in listed.items()))
+            return listed, fresh
+        if due or now - self.scanned[0] >= self.RESCAN * 2:  # no diagnostics: the text table, now and then
+            self.table = {k: (*v, None, None, None, None) for k, v in tcp_table(self.proc, pids[0]).items()}
+        return self.table, due or now - self.scanned[0] >= self.RESCAN * 2
+
     def sample(self, pids, dt, store_port=None, now=0.0):
         """``{nic: {"local>remote": {"n", "tx", "rx"}}}`` for the ranks ``pids`` (``dt``: seconds since the last)."""
-        pids = list(pids)
+        pids = sorted(pids)
         for gone in set(self.fds) - set(pids):
             self.fds.pop(gone, None)
             self.refreshed.pop(gone, None)
         if not pids:
             return {}
-        inodes = set()
-        for pid in pids:
-            inodes |= self._inodes(pid, now)
-        first = pids[0]
-        table = tcp_table(self.proc, first)
-        routes, six = interfaces(self.proc, first)
-        if self.same_ns is None:
-            self.same_ns = self.diag and self._shares_namespace(first)
-        counters = diag_bytes() if self.same_ns else None
+        listed, scan = self._connections(pids, now)
+        if scan:
+            self.inodes = set()
+            for pid in pids:
+                self.inodes |= self._inodes(pid, now)
+            self.scanned, self.known = (now, pids), set(listed)
+            held = {listed[i][7] for i in self.inodes if i in listed}
+            self.families = tuple(f for f in (socket.AF_INET, socket.AF_INET6) if f in held) or None
+        if self.nets[2] is None or now - self.nets[2] >= FULL_REFRESH:
+            self.nets = (*interfaces(self.proc, pids[0]), now)
+        routes, six, _ = self.nets
         out, seen = {}, {}
-        for inode in inodes:
-            conn = table.get(inode)
+        for inode in self.inodes:
+            conn = listed.get(inode)
             if conn is None or (store_port and store_port in (conn[1], conn[3])):
                 continue
-            local, _, remote, _ = conn
+            local, _, remote, _, sent, received, _, _ = conn
             nic = nic_of(local, routes, six) or "?"
             entry = out.setdefault(nic, {}).setdefault(local + ">" + remote, {"n": 0})
             entry["n"] += 1
-            if counters is not None and inode in counters:
-                seen[inode] = counters[inode]
-                before = self.last.get(inode)
-                if before is not None and dt > 0:
-                    entry["tx"] = entry.get("tx", 0) + max(0, counters[inode][0] - before[0]) / dt
-                    entry["rx"] = entry.get("rx", 0) + max(0, counters[inode][1] - before[1]) / dt
-                else:
-                    entry.setdefault("tx", 0)
-                    entry.setdefault("rx", 0)
+            if sent is None:
+                continue
+            seen[inode] = (sent, received)
+            before = self.last.get(inode)
+            entry.setdefault("tx", 0)
+            entry.setdefault("rx", 0)
+            if before is not None and dt > 0:
+                entry["tx"] += int(max(0, sent - before[0]) / dt)
+                entry["rx"] += int(max(0, received - before[1]) / dt)
         self.last = seen
-        for pairs in out.values():
-            for entry in pairs.values():
-                for key in ("tx", "rx"):
-                    if key in entry:
-                        entry[key] = int(entry[key])
         return out
