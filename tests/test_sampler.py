@@ -154,9 +154,12 @@ def test_rank_sockets_are_mapped_to_the_nic_owning_their_local_address(tree: tup
 
 
 def test_kernel_socket_counters_give_the_bytes_of_each_rank_connection() -> None:
-    # A real connection of this process, read through the kernel's socket diagnostics.
-    server = socket.create_server(("127.0.0.1", 0))
-    client = socket.create_connection(server.getsockname())
+    # A real connection of this process, read through the kernel's socket diagnostics: an IPv4 client of a
+    # dual-stack server, whose end is an IPv6 socket of a v4-mapped address (as Gloo's may be).
+    if not socket.has_dualstack_ipv6():
+        pytest.skip("no IPv6 here")
+    server = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    client = socket.create_connection(("127.0.0.1", server.getsockname()[1]))
     peer, _ = server.accept()
     with server, client, peer:
         counters = ranksockets.diag_sockets()
@@ -164,11 +167,12 @@ def test_kernel_socket_counters_give_the_bytes_of_each_rank_connection() -> None
             pytest.skip("this kernel refuses NETLINK_SOCK_DIAG")
         sockets = ranksockets.RankSockets()
         sockets.sample([os.getpid()], 0.0, now=1.0)
+        sockets.sample([os.getpid()], 1.0, now=2.0)  # between two looks at the fds: the families in use only
         client.sendall(b"x" * 300_000)
         got = 0
         while got < 300_000:
             got += len(peer.recv(1 << 20))
-        conns = sockets.sample([os.getpid()], 1.0, now=2.0)["lo"]
+        conns = sockets.sample([os.getpid()], 1.0, now=3.0)["lo"]
         pair = "127.0.0.1>127.0.0.1"
         assert conns[pair]["n"] == 2
         assert conns[pair]["tx"] >= 300_000 and conns[pair]["rx"] >= 300_000
