@@ -5,10 +5,11 @@
 Starts --ranks sleeping Python processes as a job's workers would look to the sampler (LOCAL_RANK in their
 environment, --fds open files each, as CUDA leaves a worker, and two TCP connections each to a server on
 127.0.0.1), then runs the sampler in this process every --every seconds for --samples samples (one uncounted
-before them: the counters' first readings, each rank's whole fd table). Its CPU is the utime + stime of this
-process (all its threads) from /proc/self/stat between the first and the last sample, plus, with --smi, that of
-the looping nvidia-smi child (its /proc/<pid>/stat, read before it is stopped). Reported: CPU per sample in ms,
-which at one sample a second is the CPU per second. The workers are killed by PID at the end.
+before them: the counters' first readings, each rank's whole fd table). Its CPU is the time this process's
+threads ran, from /proc/self/task/*/schedstat (nanoseconds; /proc/self/stat's clock ticks are too coarse for
+a few ms), between the first and the last sample, plus, with --smi, that of the looping nvidia-smi child (its
+/proc/<pid>/schedstat, read before it is stopped). Reported: CPU per sample in ms, which at one sample a second
+is the CPU per second. The workers are killed by PID at the end.
 """
 
 from __future__ import annotations
@@ -34,14 +35,18 @@ conns = [socket.create_connection(("127.0.0.1", int(sys.argv[2]))) for _ in rang
 print("ready", flush=True)
 time.sleep(3600)
 """
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_of(pid: int | str = "self") -> float:
-    with open(f"/proc/{pid}/stat", "rb") as fh:
-        stat = fh.read()
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    """Seconds the threads of ``pid`` ran on a CPU (/proc/<pid>/task/*/schedstat, first field: ns)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+        except OSError:
+            continue  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def main() -> int:

@@ -78,7 +78,7 @@ def test_folding_keeps_rates_as_bytes_counters_as_last_and_rss_as_highest() -> N
 def test_energy_is_the_same_from_full_and_folded_samples() -> None:
     samples = [typical(1000.0 + i, i) for i in range(600)]
     by_counter = traffic.energy({"n": samples})
-    assert by_counter.how == {"n": "both"}  # the first interval has no counter reading before it
+    assert by_counter.how == {"n": "counter+power"}  # the first interval has no counter reading before it
     folded = traffic.energy({"n": series.buckets(samples, 60)})
     assert abs(folded.total - by_counter.total) / by_counter.total < 0.02
     no_counter = [{**s, "gpus": {k: {"power": v["power"]} for k, v in s["gpus"].items()}} for s in samples]

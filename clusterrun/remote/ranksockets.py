@@ -187,7 +187,7 @@ class RankSockets:
         self.inodes = set()  # the ranks' sockets at the last scan
         self.scanned = None  # (monotonic time, pids) of the last scan
         self.known = set()  # every connection the kernel listed at the last scan
-        self.table = {}  # the /proc/net/tcp table, where the kernel's diagnostics cannot be had
+        self.listed = {}  # the connections as last read
         self.nets = ([], {}, None)  # routes, IPv6 addresses, when read
         self.last = {}  # inode -> (tx, rx) at the last sample
         self.same_ns = None
@@ -224,8 +224,9 @@ class RankSockets:
         except OSError:
             return False
 
-    def _connections(self, pids, now):
-        """Every established connection of the ranks' namespace, and whether the ranks' sockets need a new scan."""
+    def _connections(self, pids, now, busy):
+        """Every established connection of the ranks' namespace, whether the ranks' sockets need a new scan, and
+        whether the connections were read now (a quiet node's are not: the last reading's stand, without bytes)."""
         if self.same_ns is None:
             self.same_ns = bool(self.diag) and self._shares_namespace(pids[0])
             try:
@@ -237,6 +238,8 @@ class RankSockets:
         # Between two looks at the fds, only the families the ranks' sockets are of (each dump costs the kernel
         # a walk of the namespace's sockets).
         due = self.scanned is None or self.scanned[1] != pids or now - self.scanned[0] >= FULL_REFRESH
+        if not (due or busy):
+            return self.listed, False, False
         families = (socket.AF_INET, socket.AF_INET6) if due or self.families is None else self.families
         listed = diag_sockets(self.netlink, families) if self.netlink is not None else None
         if listed is None and self.netlink is not None:
@@ -245,20 +248,24 @@ class RankSockets:
         if listed is not None:  # a new connection of the ranks' user: theirs, perhaps
             fresh = due or (now - self.scanned[0] >= self.RESCAN and any(
                 inode not in self.known and conn[6] == self.uid for inode, conn in listed.items()))
-            return listed, fresh
+            self.listed = listed
+            return listed, fresh, True
         if due or now - self.scanned[0] >= self.RESCAN * 2:  # no diagnostics: the text table, now and then
-            self.table = {k: (*v, None, None, None, None) for k, v in tcp_table(self.proc, pids[0]).items()}
-        return self.table, due or now - self.scanned[0] >= self.RESCAN * 2
+            self.listed = {k: (*v, None, None, None, None) for k, v in tcp_table(self.proc, pids[0]).items()}
+            return self.listed, True, True
+        return self.listed, False, True
 
-    def sample(self, pids, dt, store_port=None, now=0.0):
-        """``{nic: {"local>remote": {"n", "tx", "rx"}}}`` for the ranks ``pids`` (``dt``: seconds since the last)."""
+    def sample(self, pids, dt, store_port=None, now=0.0, busy=True):
+        """``{nic: {"local>remote": {"n", "tx", "rx"}}}`` for the ranks ``pids`` (``dt``: seconds since the last).
+        ``busy``: some NIC carries traffic worth attributing; on a quiet node the kernel is not asked for the
+        connections' bytes (its walk of every socket is most of what this costs), only every ``FULL_REFRESH``."""
         pids = sorted(pids)
         for gone in set(self.fds) - set(pids):
             self.fds.pop(gone, None)
             self.refreshed.pop(gone, None)
         if not pids:
             return {}
-        listed, scan = self._connections(pids, now)
+        listed, scan, measured = self._connections(pids, now, busy)
         if scan:
             self.inodes = set()
             for pid in pids:
@@ -278,7 +285,7 @@ class RankSockets:
             nic = nic_of(local, routes, six) or "?"
             entry = out.setdefault(nic, {}).setdefault(local + ">" + remote, {"n": 0})
             entry["n"] += 1
-            if sent is None:
+            if sent is None or not measured:
                 continue
             seen[inode] = (sent, received)
             before = self.last.get(inode)

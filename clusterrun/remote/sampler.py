@@ -39,6 +39,9 @@ NET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCC
             "NCCL_NET", "MASTER_ADDR", "MASTER_PORT")
 RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 WRAP32 = 1 << 32
+#: A NIC at this many bytes per second or more makes the ranks' connections worth their bytes (below it, the
+#: kernel is not asked for them: a quiet node's sampling costs less).
+BUSY = 100_000
 
 
 def _read_int(path):
@@ -256,8 +259,9 @@ class Sampler:
         if self.gpu is not None:
             self._gpus(ranks, sample, gaps)
         port = env.get("MASTER_PORT", "")
+        busy = any(sum(pair) >= BUSY for nic, pair in sample.get("nics", {}).items() if nic != "lo")
         conns = self.sockets.sample(list(ranks.values()), now - self.last if self.last is not None else 0.0,
-                                    int(port) if port.isdigit() else None, now)
+                                    int(port) if port.isdigit() else None, now, busy or not sample.get("nics"))
         if conns:
             sample["conns"] = conns
         if gaps:

@@ -195,7 +195,7 @@ class WrongNicJudge:
 @dataclass(frozen=True)
 class Energy:
     """The run's GPU energy in joules: per node, per GPU of each node, in total, and how each was found
-    (``counter``: nvidia-smi's energy counter; ``power``: power integrated over the samples; ``both``)."""
+    (``counter``: nvidia-smi's energy counter; ``power``: power integrated over the samples; ``counter+power``)."""
 
     per_node: dict[str, float]
     per_gpu: dict[str, dict[str, float]]
@@ -230,5 +230,5 @@ def energy(series: Mapping[str, Iterable[Mapping[str, Any]]]) -> Energy:
         if gpus:
             per_gpu[node] = {k: round(v, 1) for k, v in sorted(gpus.items(), key=lambda kv: int(kv[0]))}
             per_node[node] = round(sum(gpus.values()), 1)
-            how[node] = "both" if len(ways) > 1 else ways.pop()
+            how[node] = "counter+power" if len(ways) > 1 else ways.pop()
     return Energy(per_node, per_gpu, how)
