@@ -164,9 +164,20 @@ class Sampler:
             for name in names:
                 stats = os.path.join(base, name, "statistics")
                 counters[name] = (os.path.join(stats, "rx_bytes"), os.path.join(stats, "tx_bytes"))
-        keys = []
+        keys, last, nics = [], self.counters.last, {}
         for name, pair in sorted(counters.items()):
-            keys += self._pair("nics", name, pair, now, sample, gaps)
+            rx, tx = pair
+            before_rx, before_tx = last.get(name + "/rx"), last.get(name + "/tx")
+            if isinstance(rx, int) and before_rx and before_tx and rx >= before_rx[0] and tx >= before_tx[0] \
+                    and now > before_rx[1]:  # the usual case, quickly: both counters grew
+                span = now - before_rx[1]
+                nics[name] = [int((rx - before_rx[0]) / span), int((tx - before_tx[0]) / span)]
+                last[name + "/rx"], last[name + "/tx"] = (rx, now), (tx, now)
+                keys += [name + "/rx", name + "/tx"]
+            else:
+                keys += self._pair("nics", name, pair, now, sample, gaps)
+        if nics:
+            sample.setdefault("nics", {}).update(nics)
         for gone in self.nics_seen - set(counters):
             gaps["nic " + gone] = "gone (no longer listed by the kernel)"
         self.nics_seen = set(counters)
