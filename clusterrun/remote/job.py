@@ -278,7 +278,7 @@ class Agent:
             me, offset = os.getpid(), self.spec["rank_offset"]
             sampler.Sampler(lambda: {offset + r: p for r, p in stacks.workers(procs.descendants(me)).items()},
                             self.spec["gpus"], run_id=self.run_id, every=every).start(
-                every, lambda s: wire.emit(dict(s, ev=protocol.SAMPLE)), self.stopping, lambda: self.ended is not None)
+                every, lambda s: wire.emit(dict(s, ev=protocol.SAMPLE)), self.stopping, lambda: self.ended is not None or wire.is_broken())
         if self.heartbeat_timeout > 0 and not self.detached:
             threading.Thread(target=self._watch_heartbeat, daemon=True).start()
 

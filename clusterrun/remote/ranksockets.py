@@ -22,8 +22,11 @@ import socket
 import struct
 
 ESTABLISHED = "01"
-#: Refresh each rank's whole fd table this often (seconds); in between only fds not seen before are read.
+#: Look at the ranks' fds (and the kernel's connections of both address families) this often (seconds) at least.
 FULL_REFRESH = 30.0
+#: Read every fd of each rank again this often; in between only fd numbers not seen before are read (a socket
+#: that takes the number of a closed file is seen at the next of these).
+FD_REREAD = 120.0
 
 
 def _read(path):
@@ -203,7 +206,7 @@ class RankSockets:
             self.fds.pop(pid, None)
             return set()
         known = self.fds.get(pid, {})
-        if now - self.refreshed.get(pid, -FULL_REFRESH) >= FULL_REFRESH:
+        if now - self.refreshed.get(pid, -FD_REREAD) >= FD_REREAD:
             known, self.refreshed[pid] = {}, now
         fresh = {}
         for name in names:
