@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun.remote import gpuloop, ranksockets, sampler
+from clusterrun.runs import traffic
 
 STANDIN = Path(__file__).resolve().parent / "standins" / "nvidia_smi_loop.py"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -274,3 +275,23 @@ def test_the_hex_addresses_of_proc_net_tcp6_read_as_addresses() -> None:
     assert ranksockets._hex_ip(mapped) == "127.0.0.1"
     assert ranksockets._hex_ip("000080FE00000000FF0000020300FE04") == "fe80::200:ff:4fe:3"
     assert struct.calcsize("=BBBxI48x") == 56
+
+
+def test_a_gpu_run_has_gpu_series_other_processes_and_an_energy_figure(tree: tuple[Path, Path], tmp_path: Path) -> None:
+    sys_root, proc = tree
+    rank(proc, 4242, 0, 10)
+    apps = "00000000:02:00.0, 777, 5000;00000000:01:00.0, 4242, 30000"  # another user's job on GPU 1, our rank on 0
+    s = sampler.Sampler(lambda: {0: 4242}, gpus=[0, 1], sys_root=str(sys_root), proc=str(proc),
+                        smi=_standin(tmp_path, after=10**6, apps=apps), diag=False, every=0.1, apps_every=0.1)
+    samples: list[dict] = []
+    stop = threading.Event()
+    thread = s.start(0.1, samples.append, stop)
+    try:
+        _until(lambda: sum(1 for x in samples if len(x.get("gpus", {})) == 2) >= 5 and "others" in samples[-1])
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    with_gpus = [x for x in samples if "gpus" in x]
+    assert with_gpus[-1]["gpus"]["1"]["power"] == 250.0 and with_gpus[-1]["others"] == {"777": {"gpu": 1, "mem": 5000.0}}
+    used = traffic.energy({"n": with_gpus})
+    assert used.how["n"] in ("counter", "counter+power") and used.per_gpu["n"]["0"] > 0

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from clusterrun.cli.main import cli, main
-from clusterrun.runs import series, traffic
+from clusterrun.runs import RunDir, series, traffic
 
 WEEK = 7 * 86400
 MB = 1 << 20
@@ -94,11 +94,21 @@ def test_a_counter_that_goes_back_is_bridged_by_power() -> None:
     assert traffic.energy({"n": samples}).per_node == {"n": 500.0}
 
 
-def test_attempts_of_a_restarted_run_are_joined(tmp_path: Path) -> None:
-    series.SeriesWriter(tmp_path / "attempt-1").on_sample("gpu01", {"ev": "sample", **typical(100.0, 1)})
-    series.SeriesWriter(tmp_path).on_sample("gpu01", {"ev": "sample", **typical(200.0, 2)})
-    assert [s["t"] for s in series.read_series(tmp_path, "gpu01")] == [100.0, 200.0]
-    assert "ev" not in series.read_series(tmp_path, "gpu01")[0]
+def test_a_restarted_run_keeps_its_series_across_attempts(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    writer = series.SeriesWriter(run.path)
+    small = [{"ev": "sample", "t": 1000.0 + i, "dt": 1.0, "nics": {"eth1": [1000, 10]}} for i in range(5200)]
+    for event in small[:5000]:  # more than an hour and a quarter: the oldest are folded into minutes
+        writer.on_sample("gpu01", event)
+    run.archive_attempt(1)  # the restart moves the first attempt's node directories away
+    for event in small[5000:]:
+        writer.on_sample("gpu01", event)
+    back = series.read_series(run.path, "gpu01")
+    assert (run.path / "attempt-1" / "gpu01" / "metrics-60.jsonl").is_file()
+    assert (run.path / "gpu01" / series.RAW).read_text().count("\n") == 200
+    assert sum(s["dt"] for s in back) == pytest.approx(5200)
+    assert sum(s["nics"]["eth1"][0] * s["dt"] for s in back) == pytest.approx(5200 * 1000)
+    assert back[-1]["t"] == 6199.0 and "ev" not in back[-1]
 
 
 def _run(tmp_path: Path) -> Path:

@@ -163,6 +163,8 @@ class SeriesWriter:
     def _append(self, node: str, level: int, samples: list[Sample]) -> None:
         bucket, span = TIERS[level]
         path = self.run_dir / node / tier_file(bucket)
+        if not path.exists():  # new, or moved to attempt-<k>/ by a restart: its oldest sample is this one
+            self.first[(node, bucket)] = None
         with open(path, "a", encoding="utf-8") as fh:
             fh.write("".join(_line(s) for s in samples))
         if self._oldest(node, bucket) is None:
