@@ -83,9 +83,11 @@ Examples:
 def metrics(run: str, runs_dir: Path, as_json: bool, only: tuple[str, ...]) -> int:
     """Show a run's series: per node the data NIC and the other NICs, GPU use and power, CPU per rank and load, as
     the node agents sampled them (``up --sample-every``); the run's GPU energy; traffic on the wrong NIC."""
+    from clusterrun.cli.detached_cmd import refreshed
     from clusterrun.runs import find_run
 
     found = find_run(runs_dir, run)
+    refreshed(found)  # a detached run: its series as its supervisor keeps them
     view = metrics_view(found.path, only)
     if as_json:
         click.echo(json.dumps(view, indent=1))

@@ -98,6 +98,9 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
               metavar="[SECONDS]", help="When GPUs the run needs are leased by another run, wait until they are free "
               "(checking again with a growing pause, at most 30 s), at most SECONDS (default: no limit), instead of "
               "being refused.")
+@click.option("--sample-every", type=click.FloatRange(0, 3600), default=None, metavar="SECONDS",
+              help="How often each node samples its NICs, RDMA ports, ranks and GPUs for the run's series "
+              "(`clusterrun metrics RUN`) and the wrong-NIC verdict; 0 = off (default 1; inventory run.sample_every).")
 @click.option("--notify", "notify", multiple=True, metavar="URL",
               help="POST a small JSON document (with a Slack-style `text`) to URL when the run starts, fails and "
               "ends; repeatable, added to the inventory's run.notify. A slow or dead webhook never delays the run.")
@@ -105,7 +108,8 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool, raw: bool,
        preflight_mode: str, detach: bool, time_limit: float | None, grace: float, path_watch: bool | None,
        on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None, max_restarts: int | None,
-       min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None, notify: tuple[str, ...]) -> int:
+       min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None, sample_every: float | None,
+       notify: tuple[str, ...]) -> int:
     """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
 
     clusterrun computes each node's rank, the master address on the data network and the
@@ -127,7 +131,7 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
                    preflight_mode=preflight_mode, detach=detach, time_limit=time_limit, grace=grace,
                    path_watch=path_watch, on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang,
                    max_restarts=max_restarts, min_nodes=min_nodes, restart_backoff=restart_backoff,
-                   wait_gpus=wait_gpus, notify=notify)
+                   wait_gpus=wait_gpus, sample_every=sample_every, notify=notify)
     finally:
         if early is not None:
             early.close()
@@ -138,7 +142,7 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         grace: float,
         path_watch: bool | None, on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None,
         max_restarts: int | None, min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None,
-        notify: tuple[str, ...]) -> int:
+        sample_every: float | None, notify: tuple[str, ...]) -> int:
     from clusterrun.cli.render import plan_json, print_plan, print_summary
     from clusterrun.launch.replan import with_restarts
     from clusterrun.launch.settings import RestartSettings
@@ -164,7 +168,8 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
 
         full_check = with_doctor_page(doctor_check)
     settings = SupervisorSettings.for_run(inv.run, grace=grace, timeout=time_limit, path_watch=path_watch,
-                                          on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang)
+                                          on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang,
+                                          sample_every=sample_every)
     if wait_gpus is not None:
         import dataclasses
 

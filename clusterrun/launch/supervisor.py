@@ -39,7 +39,9 @@ from clusterrun.remote.protocol import Frame
 from clusterrun.runs import RunDir
 from clusterrun.runs.judge import judge_node
 from clusterrun.runs.live import LiveNodes
+from clusterrun.runs.series import SeriesWriter
 from clusterrun.runs.timeline import Timeline
+from clusterrun.runs.traffic import WrongNicJudge
 
 #: Events handled in one turn of the loop at most, before its work over every node (ticks, silence, heartbeats).
 EVENTS_PER_TURN = 256
@@ -73,7 +75,7 @@ class Supervisor:
         self.hang: HangWatch | None = None
         if self.settings.hang_timeout:
             self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, self._send_running,
-                                  self._save, self.console.info, self._record, self._fail, plan.master.name)
+                                  self.relay.save, self.console.info, self._record, self._fail, plan.master.name)
         self.stragglers = StragglerWatch(self.console.info, self._record) if plan.nnodes > 1 else None
         self.watch: DataPathWatch | None = None
         if self.settings.path_watch and plan.nnodes > 1:
@@ -84,6 +86,8 @@ class Supervisor:
                                        self._path_lost, self._record)
         self.live = LiveNodes(run_dir, self.outcome.nodes, timeline or Timeline(), self.watch is not None,
                               self.relay.failed)
+        # The nodes' samples into the run's series, judged for traffic on the wrong NIC (runs/series.py, traffic.py).
+        self.series = SeriesWriter(run_dir.path, judge=WrongNicJudge.from_plan(plan.to_dict()))
 
     # ------------------------------------------------------------ start
 
@@ -96,7 +100,7 @@ class Supervisor:
                         stacks=self.hang is not None or bool(self.plan.job.attempt or self.plan.job.restarts),
                         load_every=self.settings.load_every if self.stragglers is not None else 0.0,
                         watch_interval=self.settings.watch_interval if self.watch is not None else None,
-                        watch_dead_after=self.settings.watch_dead_after)
+                        watch_dead_after=self.settings.watch_dead_after, sample_every=self.settings.sample_every)
 
     def _start_all(self) -> None:
         """``go`` to every node's waiting agent: their frames come to the event queue from now on."""
@@ -173,6 +177,10 @@ class Supervisor:
                 rank.state, rank.exit_code, rank.signal = RankState.failed, event.get("rc"), event.get("signal")
                 rank.ended = event.get("time")
                 self._fail(Failure(name, rank.rank, rank.exit_code or 1, rank.signal, "exited while others ran"))
+        elif kind == protocol.SAMPLE:
+            for verdict in self.series.on_sample(name, event):
+                self.console.info(verdict.message())
+                self._record(verdict.record_event())
         elif kind == protocol.LOAD and self.stragglers is not None:
             self.stragglers.on_load(name, event)
         elif kind == protocol.STACK and self.hang is not None:
@@ -355,15 +363,6 @@ class Supervisor:
         for name, stream in self._streams.items():
             if name not in self._ended:
                 stream.send(line)
-
-    def _save(self, relpath: str, data: bytes) -> str:
-        path = self.run_dir.path / relpath
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        except OSError as exc:
-            self.relay.failed(relpath, exc)
-        return str(path)
 
     def _record(self, event: dict[str, Any]) -> None:
         """An event of the run (the watch's findings): kept in order, and in status.json at once."""

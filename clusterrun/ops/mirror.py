@@ -54,13 +54,15 @@ def supervisor_of(run: RunDir) -> ClusterSupervisor | None:
         return None
 
 
-def _have(run: RunDir) -> dict[str, int]:
-    """Bytes this machine has of each log file of the record."""
-    out = {}
-    for path in run.path.rglob("*.log"):
+def _have(run: RunDir) -> dict[str, int | str]:
+    """What this machine has of the record: the bytes of each log file, the digest of each other file (the series:
+    sent again only when they changed)."""
+    out: dict[str, int | str] = {}
+    for path in run.path.rglob("*"):
         rel = path.relative_to(run.path).as_posix()
-        if not rel.startswith("attempt-"):
-            out[rel] = path.stat().st_size
+        if rel.startswith("attempt-") or not path.is_file() or rel in KEPT or rel == "status.json":
+            continue
+        out[rel] = path.stat().st_size if rel.endswith(".log") else mirror.digest(path.read_bytes())
     return out
 
 

@@ -36,7 +36,7 @@ SUPERVISOR_MODULES = (
     "clusterrun.remote.nodefacts", "clusterrun.remote.procs", "clusterrun.remote.protocol",
     "clusterrun.remote.ready", "clusterrun.remote.session", "clusterrun.remote.warm", "clusterrun.remote.wire",
     "clusterrun.runs", "clusterrun.runs.dirs", "clusterrun.runs.judge", "clusterrun.runs.live",
-    "clusterrun.runs.record", "clusterrun.runs.timeline",
+    "clusterrun.runs.record", "clusterrun.runs.timeline", "clusterrun.runs.series", "clusterrun.runs.traffic",
     "clusterrun.transport.base",
 )
 #: Node-side files the supervisor hands on to the agents (the workers' stack hook): see ``remote.source``.

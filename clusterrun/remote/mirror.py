@@ -5,8 +5,9 @@ rank 0's node. ``clusterrun status``, ``logs``, ``attach``, ``down`` and ``repor
 a copy in this machine's ``runs/<id>/``:
 
 * each log file (``*.log``: rank logs, launcher logs, the console) past the bytes the caller already has
-  (``have``), at most ``max_bytes`` per file a call, cut at a line's end unless the run is over;
-* every other file whole (status.json and the like, each rewritten whole by the supervisor);
+  (``have``: the bytes), at most ``max_bytes`` per file a call, cut at a line's end unless the run is over;
+* every other file whole (status.json, the series and the like, which the supervisor rewrites), unless the caller
+  has it as it is (``have``: :func:`digest` of its copy);
 * with ``stop`` set, first the request to stop (who asks, in stop-request.json) and the supervisor's
   STOP_SIGNAL, sent only to the process that carries the run's supervisor markers.
 
@@ -16,6 +17,7 @@ payload), then ``supervisor`` (``alive``: the supervisor still runs; ``pid``; ``
 Standard library only: this module travels to the nodes with the agent.
 """
 
+import hashlib
 import json
 import os
 import signal
@@ -59,14 +61,22 @@ def _files(folder: str) -> list:
     return out
 
 
-def _send(folder: str, rel: str, have: int, max_bytes: int, partial: bool) -> None:
+def digest(data: bytes) -> str:
+    """What the caller has of a whole file, as it says it in ``have`` (the file is sent only when it differs)."""
+    return hashlib.sha1(data).hexdigest()
+
+
+def _send(folder: str, rel: str, have, max_bytes: int, partial: bool) -> None:
     path = os.path.join(folder, rel)
     whole = not rel.endswith(".log")
     try:
         with open(path, "rb") as f:
             if whole:
                 data, offset = f.read(), 0
+                if have == digest(data):
+                    return  # the caller has it as it is
             else:
+                have = have if isinstance(have, int) else 0
                 size = os.fstat(f.fileno()).st_size
                 if size <= have:
                     return
@@ -98,6 +108,6 @@ def mirror(spec: dict) -> int:
         except OSError:
             pass
     for rel in _files(folder):
-        _send(folder, rel, int(spec["have"].get(rel, 0)), spec["max_bytes"], pid is None)
+        _send(folder, rel, spec["have"].get(rel, 0), spec["max_bytes"], pid is None)
     wire.emit({"ev": SUPERVISOR, "alive": pid is not None, "pid": pid, "asked": asked})
     return 0

@@ -63,6 +63,11 @@ class WrongNic:
         return (f"{self.node}: the ranks' traffic to the other nodes goes over {self.nic} at {_rate(self.rate)} "
                 f"(to {peers}), not the data NIC {self.data_nic or '?'}: {self.cause}")
 
+    def record_event(self) -> dict[str, Any]:
+        """The verdict as an event of the run's record (time, node, kind, text, and its figures)."""
+        return {"time": self.time, "node": self.node, "kind": "wrong-nic", "text": self.message(), "nic": self.nic,
+                "data_nic": self.data_nic, "rate": round(self.rate), "variable": self.variable}
+
     def to_dict(self) -> dict[str, Any]:
         return {"ev": "wrong_nic", "node": self.node, "kind": self.kind, "nic": self.nic, "rate": round(self.rate),
                 "data_nic": self.data_nic, "peers": list(self.peers), "variable": self.variable,
