@@ -104,6 +104,9 @@ class WrongNicJudge:
         self.busy: dict[tuple[str, str, str], float] = {}  # (node, kind, nic) -> seconds of sustained traffic
         self.env: dict[str, dict[str, str]] = {}
         self.named: set[str] = set()
+        # Each node's own addresses as its samples show them (the local ends of its ranks' connections): a plan may
+        # name a node's host by a name that only the nodes resolve, and a peer's other NICs are its addresses too.
+        self.own: dict[str, set[str]] = {}
 
     @classmethod
     def from_plan(cls, plan: Mapping[str, Any], resolve: Callable[[str], Iterable[str]] | None = None,
@@ -132,6 +135,8 @@ class WrongNicJudge:
             return []
         if sample.get("env"):
             self.env[node] = dict(sample["env"])
+        for pairs in (sample.get("conns") or {}).values():
+            self.own.setdefault(node, set()).update(pair.split(">", 1)[0] for pair in pairs)
         dt = float(sample.get("dt") or 0.0)
         rates = self._peer_rates(net, sample)
         hot: dict[tuple[str, str], float] = {}
@@ -151,7 +156,8 @@ class WrongNicJudge:
             if seconds >= self.sustain:
                 self.named.add(node)
                 variable, cause = self._cause(net, kind, nic)
-                peers = sorted({pair.split(">", 1)[1] for pair in (sample.get("conns") or {}).get(nic, {})} & net.peers)
+                peers = sorted({pair.split(">", 1)[1] for pair in (sample.get("conns") or {}).get(nic, {})}
+                               & self._peers(net))
                 return [WrongNic(node, kind, nic, rate, net.data_nic, tuple(peers), cause, variable,
                                  float(sample.get("t") or 0.0))]
         return []
@@ -161,15 +167,21 @@ class WrongNicJudge:
         connection, the NIC's own rate stands for them (only on a NIC that holds such a connection)."""
         out: dict[str, float] = {}
         nics = sample.get("nics") or {}
+        peers = self._peers(net)
         for nic, pairs in (sample.get("conns") or {}).items():
             for pair, entry in pairs.items():
-                if pair.split(">", 1)[-1] not in net.peers:
+                if pair.split(">", 1)[-1] not in peers:
                     continue  # a dataset or checkpoint server, a same-node rank: not the collectives
                 if "tx" in entry or "rx" in entry:
                     out[nic] = out.get(nic, 0.0) + float(entry.get("tx") or 0) + float(entry.get("rx") or 0)
                 else:
                     out[nic] = max(out.get(nic, 0.0), float(sum(nics.get(nic) or (0, 0))))
         return out
+
+    def _peers(self, net: NodeNet) -> frozenset[str] | set[str]:
+        """The other nodes' addresses: from the plan, and as their own samples show them."""
+        seen = {a for other, own in self.own.items() if other != net.node for a in own}
+        return net.peers | seen if seen else net.peers
 
     def _cause(self, net: NodeNet, kind: str, nic: str) -> tuple[str | None, str]:
         env = self.env.get(net.node, {})
