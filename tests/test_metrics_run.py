@@ -78,3 +78,28 @@ def test_gloo_forced_onto_the_management_nic_is_named_with_its_variable(sim_clus
     for event in named:
         assert (event["nic"], event["data_nic"], event["variable"]) == ("eth0", "eth1", "GLOO_SOCKET_IFNAME")
         assert "--env" in event["text"]
+
+
+def test_a_gpu_run_has_gpu_series_and_its_energy_in_the_record(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    # node0 plays an 8-GPU node (the stand-in nvidia-smi first on its interpreter's PATH); its series loop gives
+    # every GPU 250 W, so the energy is about 250 W x the job's seconds x its GPUs.
+    from gpunodes import python_on_gpu_node
+
+    python = python_on_gpu_node(tmp_path, "h100x8_idle")
+    inv = write_inventory(sim_cluster, tmp_path / "inventory.yaml", 1, python=str(python))
+    inv.write_text(inv.read_text().replace("  nproc_per_node: 2\n", ""))
+    (tmp_path / "sleep.py").write_text("import time\ntime.sleep(6)\n")
+    done = run_clusterrun("up", "--nproc-per-node", "2", str(inv), "sleep.py", cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "GPU energy: " in done.stderr  # in the summary
+    run_id = json.loads(run_clusterrun("runs", "--json", cwd=tmp_path).stdout)[-1]["run_id"]
+    view = json.loads(run_clusterrun("metrics", run_id, "--json", cwd=tmp_path).stdout)
+    samples = view["nodes"]["node0"]["samples"]
+    gpus = {index for s in samples for index in (s.get("gpus") or {})}
+    assert len(gpus) == 2 and all(s["gpus"][g]["util"] == 97 for s in samples if s.get("gpus") for g in s["gpus"])
+    record = json.loads(run_clusterrun("status", run_id, "--json", cwd=tmp_path).stdout)
+    energy = record["energy"]
+    seconds = sum(float(s["dt"]) for s in samples if s.get("gpus"))
+    assert energy["per_node_j"]["node0"] == pytest.approx(2 * 250 * seconds, rel=0.35), (energy, seconds)
+    assert energy["total_j"] == energy["per_node_j"]["node0"]
+    assert "GPU energy: " in run_clusterrun("status", run_id, cwd=tmp_path).stdout

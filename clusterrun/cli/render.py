@@ -187,6 +187,10 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
                 console.print(escape(line), soft_wrap=True)
     for note in outcome.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
+    from clusterrun.cli.status_text import energy_line
+
+    if energy_line(outcome.energy):
+        console.print(escape(energy_line(outcome.energy) or ""))
     for name in outcome.logs_unverified:
         console.print(f"[bold red]logs:[/] {name} never said what its rank logs hold; runs/ may lack part of them")
     console.print(f"logs and status: {run_dir.path}/")

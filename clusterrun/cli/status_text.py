@@ -14,6 +14,16 @@ def when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
+def energy_line(energy: Any) -> str | None:
+    """The run's GPU energy in one line (None when no GPU was sampled)."""
+    if not energy or not energy.get("per_node_j"):
+        return None
+    nodes = ", ".join(f"{node} {joules / 1000:.1f} kJ" for node, joules in energy["per_node_j"].items())
+    how = set((energy.get("how") or {}).values())
+    found = "from the energy counter" if how == {"counter"} else "power over time" if how == {"power"} else "measured"
+    return f"GPU energy: {energy['total_j'] / 1000:.1f} kJ ({energy['total_j'] / 3.6e6:.3f} kWh; {nodes}; {found})"
+
+
 def _print_timeline(record: Any) -> None:
     from rich.console import Console
 
@@ -61,6 +71,8 @@ def print_status(found: Any) -> None:
                    f"{took}: {what}")
     if record.first_failure is not None:
         click.echo(f"first failure: {record.first_failure.describe()}")
+    if energy_line(record.energy):
+        click.echo(energy_line(record.energy))
     for event in record.events:
         click.echo(f"event {when(event.get('time'))}: {event.get('node')}: {event.get('kind')}: {event.get('text')}")
     for note in record.notes:

@@ -85,6 +85,7 @@ class RunOutcome:
     events: list[dict[str, Any]] = field(default_factory=list)  # what the watch saw, in order: time, node, kind, text
     watch_cost: dict[str, dict[str, int]] = field(default_factory=dict)  # per node: the watch's datagrams
     path_blame: dict[str, Any] | None = None  # the dead data path that stopped it: node, other_end, also
+    energy: dict[str, Any] | None = None  # the GPUs' energy from the run's series (runs/traffic.py run_energy)
 
     @property
     def logs_complete(self) -> bool:
@@ -116,7 +117,7 @@ class RunOutcome:
         return RunRecord(self.run_id, self.state, self.started, self.ended, self.exit_code,
                          interrupted_by=signal_name(self.interrupted_by), first_failure=self.first_failure,
                          notes=tuple(self.notes), events=tuple(self.events), watch=self.watch_cost, logs=logs,
-                         nodes={name: n.record() for name, n in self.nodes.items()})
+                         nodes={name: n.record() for name, n in self.nodes.items()}, energy=self.energy)
 
     def to_dict(self) -> dict[str, Any]:
         return self.record().to_dict()

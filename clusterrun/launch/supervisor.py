@@ -41,7 +41,7 @@ from clusterrun.runs.judge import judge_node
 from clusterrun.runs.live import LiveNodes
 from clusterrun.runs.series import SeriesWriter
 from clusterrun.runs.timeline import Timeline
-from clusterrun.runs.traffic import WrongNicJudge
+from clusterrun.runs.traffic import WrongNicJudge, run_energy
 
 #: Events handled in one turn of the loop at most, before its work over every node (ticks, silence, heartbeats).
 EVENTS_PER_TURN = 256
@@ -267,6 +267,7 @@ class Supervisor:
             self.relay.close()
             self.live.finish()
             self.outcome.ended = self.outcome.ended or time.time()
+            self.outcome.energy = run_energy(self.run_dir.path)
         return self.outcome
 
     def _loop(self) -> None:

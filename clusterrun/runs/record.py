@@ -166,7 +166,7 @@ class AttemptRecord:
 #: The keys :class:`RunRecord` reads; any other key of a file is kept in ``extra``.
 _KNOWN = {"run_id", "state", "exit_code", "started", "ended", "duration", "pid", "interrupted_by", "first_failure",
           "notes", "events", "watch", "logs", "nodes", "problems", "detail", "detached", "stopped_by",
-          "restart_count", "attempts"}
+          "restart_count", "attempts", "energy"}
 
 
 @dataclass(frozen=True)
@@ -191,6 +191,7 @@ class RunRecord:
     detached: bool = False  # started with `up --detach`
     stopped_by: str | None = None
     attempts: tuple[AttemptRecord, ...] = ()  # a run with restarts: every attempt
+    energy: Mapping[str, Any] | None = None  # the GPUs' energy in joules: total_j, per_node_j, per_gpu_j, how
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys of the file this version does not know
 
     @property
@@ -218,7 +219,7 @@ class RunRecord:
             data["logs"] = dict(self.logs)
         data["nodes"] = {name: n.to_dict() for name, n in self.nodes.items()}
         optional = {"pid": self.pid, "problems": dict(self.problems) or None, "detail": self.detail,
-                    "detached": self.detached or None, "stopped_by": self.stopped_by}
+                    "detached": self.detached or None, "stopped_by": self.stopped_by, "energy": self.energy}
         data.update({k: v for k, v in optional.items() if v is not None})
         if self.attempts:
             data["restart_count"] = self.restart_count
@@ -251,6 +252,7 @@ class RunRecord:
                    dict(data.get("watch") or {}), data.get("logs") if isinstance(data.get("logs"), Mapping) else None,
                    nodes, {str(k): str(v) for k, v in dict(problems).items()}, data.get("detail"),
                    bool(data.get("detached")), data.get("stopped_by"), attempts,
+                   data.get("energy") if isinstance(data.get("energy"), Mapping) else None,
                    {k: v for k, v in data.items() if k not in _KNOWN})
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 MIN_RATE = 1_000_000.0  # bytes per second: collectives, not a heartbeat or a store's chatter
@@ -249,3 +250,13 @@ def energy(series: Mapping[str, Iterable[Mapping[str, Any]]]) -> Energy:
             per_node[node] = round(sum(gpus.values()), 1)
             how[node] = "counter+power" if len(ways) > 1 else ways.pop()
     return Energy(per_node, per_gpu, how)
+
+
+def run_energy(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's GPU energy from its series, as its record keeps it (None: no GPU was sampled)."""
+    from clusterrun.runs import series
+
+    used = energy({node: series.read_series(run_dir, node) for node in series.nodes(run_dir)})
+    if not used.per_node:
+        return None
+    return {"total_j": round(used.total, 1), "per_node_j": used.per_node, "per_gpu_j": used.per_gpu, "how": used.how}

@@ -75,6 +75,11 @@ def topology(text: str, numa_cpus: str) -> str:
 
 
 def main(args: list[str]) -> int:
+    if "-lms" in args:  # the series' GPU loop: synthetic readings from the loop stand-in beside this one
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import nvidia_smi_loop
+
+        return nvidia_smi_loop.main(args)
     if os.environ.get("STANDIN_SMI_LOG"):
         with open(os.environ["STANDIN_SMI_LOG"], "a") as log:
             log.write(" ".join(args) + "\n")
