@@ -7,6 +7,7 @@ it travels to rank 0's node with the cluster supervisor of a detached run, which
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,7 +208,29 @@ class LaunchPlan:
                       attempt=int(data.get("attempt") or 0), restarts=int(data.get("restarts") or 0))
         return cls(run_id=data["run_id"], job=job, master_addr=data["master_addr"], master_port=int(data["master_port"]),
                    data_network=data.get("data_network", ""), nodes=nodes, warnings=tuple(data.get("warnings") or ()),
-                   probed=tuple(data.get("probed") or ()), spares=tuple(data.get("spares") or ()))
+                   probed=tuple(data.get("probed") or ()), spares=tuple(data.get("spares") or ()),
+                   choose_port=bool(data.get("choose_port")), rank_order=str(data.get("rank_order") or "inventory"))
+
+    def for_attempt(self, attempt: int) -> LaunchPlan:
+        """This plan for clusterrun's restart number ``attempt`` on the same nodes, as the planner would make it:
+        each node's directory ``attempt-<n>`` beside the first attempt's (its paths in the argv, the script, the
+        working directory and the environment with it) and CLUSTERRUN_RESTART_COUNT. It needs only the plan, so a
+        detached run's supervisor on rank 0's node restarts the job exactly as an attached ``up`` does."""
+        def moved(node: NodePlan) -> NodePlan:
+            first = node.run_dir.rsplit("/attempt-", 1)[0] if self.job.attempt else node.run_dir
+            new = f"{first}/attempt-{attempt}" if attempt else first
+
+            def path(value: str) -> str:
+                return new + value[len(node.run_dir):] if value == node.run_dir or value.startswith(
+                    node.run_dir + "/") else value
+
+            env = tuple(EnvVar(v.name, str(attempt) if v.name == RESTART_COUNT_VAR else path(v.value), v.source)
+                        for v in node.env)
+            return dataclasses.replace(node, run_dir=new, script=path(node.script), cwd=path(node.cwd),
+                                       argv=tuple(path(a) for a in node.argv), env=env)
+
+        return dataclasses.replace(self, job=dataclasses.replace(self.job, attempt=attempt),
+                                   nodes=tuple(moved(n) for n in self.nodes))
 
     def to_dict(self, *, secrets: bool = False) -> dict[str, Any]:
         """The plan as plan.json holds it (``secrets``: see :meth:`NodePlan.to_dict`)."""

@@ -289,3 +289,56 @@ def test_notifications_the_supervisor_cannot_deliver_are_sent_from_here(sim_clus
     finally:
         server.shutdown()
         server.server_close()
+
+
+# Fails on its first attempt (rank 1 exits 3), succeeds on the second: CLUSTERRUN_RESTART_COUNT tells which.
+FAILS_ONCE = """
+import os, sys, time
+attempt = int(os.environ["CLUSTERRUN_RESTART_COUNT"])
+print("attempt", attempt, "rank", os.environ["RANK"], flush=True)
+time.sleep(2)
+if attempt == 0 and os.environ["RANK"] == "1":
+    sys.exit(3)
+time.sleep(1)
+"""
+
+
+def test_a_job_that_fails_once_is_restarted_by_the_supervisor_and_succeeds(sim_cluster: SimCluster,
+                                                                          tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "once.py").write_text(FAILS_ONCE)
+    run_id = detach(inv, tmp_path, "once.py", "--max-restarts", "2", "--restart-backoff", "0")
+    done = run_clusterrun("logs", run_id, "-f", cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stderr
+    record = status(run_id, tmp_path)
+    assert (record["state"], record["exit_code"], record["restart_count"]) == ("succeeded", 0, 1), record
+    assert [(a["attempt"], a["state"]) for a in record["attempts"]] == [(0, "failed"), (1, "succeeded")]
+    first = record["attempts"][0]["first_failure"]
+    assert (first["node"], first["rank"], first["exit_code"]) == ("node1", 1, 3)
+    # Both attempts' logs are here: the first in attempt-0/, the last at the top.
+    assert (tmp_path / "runs" / run_id / "attempt-0" / "node1" / "rank1.log").read_text() == "attempt 0 rank 1\n"
+    logs = run_clusterrun("logs", run_id, cwd=tmp_path)
+    assert logs.stdout.splitlines() == ["[node0:0] attempt 1 rank 0", "[node1:1] attempt 1 rank 1"], logs.stdout
+    assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}
+
+
+def test_down_during_a_restarts_backoff_stops_the_run_before_another_attempt(sim_cluster: SimCluster,
+                                                                           tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    (tmp_path / "once.py").write_text(FAILS_ONCE)
+    run_id = detach(inv, tmp_path, "once.py", "--max-restarts", "2", "--restart-backoff", "60")
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        run_clusterrun("status", run_id, cwd=tmp_path)
+        console = tmp_path / "runs" / run_id / "console.log"
+        if console.is_file() and "restarting in 60s" in console.read_text():
+            break
+        time.sleep(0.5)
+    done = run_clusterrun("down", run_id, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    record = status(run_id, tmp_path)
+    assert record["state"] == "stopped" and record["stopped_by"].startswith("clusterrun down"), record
+    assert record["first_failure"]["rank"] == 1  # the failure that came before is kept
+    assert [a["attempt"] for a in record["attempts"]] == [0]  # no further attempt
+    assert any("stopped before attempt 1 started" in note for note in record["notes"])
+    assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}

@@ -149,13 +149,17 @@ def test_the_mirror_mode_sends_logs_past_what_is_here_and_every_other_file_whole
     (record / "status.json").write_text('{"state": "running"}\n')
     (record / "node0" / "rank0.log").write_bytes(b"line 1\nline 2\nhalf a li")
     (record / "supervisor.pid").write_text(f"{os.getpid()}\n")  # not a supervisor: no run marker
-    got = _mirror(record, {"node0/rank0.log": 7}, tmp_path / "out", monkeypatch)
+    got = _mirror(record, {"node0/rank0.log": [7, mirror.digest(b"line 1\n")]}, tmp_path / "out", monkeypatch)
     files = {f.event["path"]: f for f in got if f.event["ev"] == mirror.FILE}
     assert files["status.json"].payload == b'{"state": "running"}\n' and files["status.json"].event["whole"]
     # The supervisor is gone (no process carries its markers): the unfinished line comes too.
     assert files["node0/rank0.log"].payload == b"line 2\nhalf a li" and files["node0/rank0.log"].event["offset"] == 7
     assert "supervisor.pid" not in files
     assert got[-1].event == {"ev": mirror.SUPERVISOR, "alive": False, "pid": None, "asked": False}
+    # A log that begins otherwise than the caller's copy (a restart's new attempt) comes again from its start.
+    again = _mirror(record, {"node0/rank0.log": [7, mirror.digest(b"other 1\n")]}, tmp_path / "out", monkeypatch)
+    log = next(f for f in again if f.event.get("path") == "node0/rank0.log")
+    assert log.event["offset"] == 0 and log.payload == b"line 1\nline 2\nhalf a li"
 
 
 def test_the_mirror_here_appends_at_the_offset_and_keeps_the_launch_timeline(tmp_path: Path) -> None:
@@ -174,3 +178,23 @@ def test_the_mirror_here_appends_at_the_offset_and_keeps_the_launch_timeline(tmp
     assert (tmp_path / "node0" / "rank0.log").read_bytes() == b"a\nb\n"
     assert not _write(run, "../escape.log", 0, False, b"x")  # only paths inside the run directory
     assert not _write(run, "plan.json", 0, True, b"{}")  # this machine's plan stays
+
+
+@pytest.mark.parametrize("inventory", sorted(p.name for p in (Path(__file__).parent.parent / "inventories").glob("*.yaml")))
+@pytest.mark.parametrize("first", [0, 2])
+def test_a_restart_on_the_serialized_plan_is_the_planners(inventory: str, first: int) -> None:
+    # A detached run's supervisor restarts the job from the plan it was given (it has no inventory, no planner):
+    # the same plan as the planner's for that attempt, whichever attempt it starts from.
+    import dataclasses
+
+    from clusterrun.inventory.yaml_source import load_inventory
+    from clusterrun.plan import JobSpec, build_plan
+    from clusterrun.planfile import LaunchPlan
+
+    inv = load_inventory(Path(__file__).parent.parent / "inventories" / inventory)
+    job = JobSpec(script="train.py", run_id="20261127-101500-abcd", args=("--lr", "0.1"), restarts=3)
+    given = LaunchPlan.from_dict(build_plan(inv, dataclasses.replace(job, attempt=first)).to_dict(secrets=True))
+    for attempt in (first + 1, first + 2):
+        want = build_plan(inv, dataclasses.replace(job, attempt=attempt))
+        got = given.for_attempt(attempt)
+        assert got.to_dict(secrets=True) == want.to_dict(secrets=True)

@@ -10,11 +10,12 @@ from clusterrun.launch.outcome import (
     NodeOutcome,
     RankState,
     RunOutcome,
+    backoff,
     no_restart,
     signature,
     untrusted_nodes,
 )
-from clusterrun.launch.replan import CannotContinue, backoff, recompose
+from clusterrun.launch.replan import CannotContinue, recompose
 
 
 def outcome(failure: Failure | None = None, lost: tuple[str, ...] = (), interrupted: int | None = None) -> RunOutcome:

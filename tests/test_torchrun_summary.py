@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.remote.job import parse_failures
+from clusterrun.remote.torchrun_summary import parse_failures
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "torchrun"
 

@@ -119,8 +119,8 @@ def ps_spec(run_id: str, node: str, container: Spec | None = None) -> Spec:
     return protocol.PS.fill({"run_id": run_id, "node": node, "container": container})
 
 
-def mirror_spec(run_id: str, node: str, folder: str, have: Mapping[str, int | str], stop: str | None = None) -> Spec:
+def mirror_spec(run_id: str, node: str, folder: str, have: Mapping[str, Any], stop: str | None = None) -> Spec:
     """``mirror``: the record of a detached run in ``folder`` on its supervisor's node (``node``: the supervisor's
-    marker), its log files past ``have`` (bytes), its other files unless ``have`` holds their digest; ``stop``: who asks
-    the run to stop."""
+    marker), its log files past what ``have`` says this machine holds, its other files unless ``have`` holds their
+    digest; ``stop``: who asks the run to stop."""
     return protocol.MIRROR.fill({"run_id": run_id, "node": node, "dir": folder, "have": dict(have), "stop": stop})

@@ -174,11 +174,11 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         import dataclasses
 
         settings = dataclasses.replace(settings, wait_gpus=wait_gpus)
-    if detach and (restarts.max_restarts or restarts.min_nodes):
+    if detach and restarts.min_nodes:
         from clusterrun.errors import UsageError
 
-        raise UsageError("--max-restarts and --min-nodes need clusterrun to stay with the job; they cannot be used "
-                         "with --detach")
+        raise UsageError("--min-nodes (and spare nodes) need clusterrun to stay with the job: a detached run restarts "
+                         "on the same nodes only (--max-restarts); leave out --min-nodes or --detach")
     from clusterrun.cli.report_cmd import leave_page
 
     try:

@@ -33,7 +33,15 @@ from typing import Any
 
 from clusterrun.detached.links import Listener
 from clusterrun.launch.console import Console
-from clusterrun.launch.outcome import notify_end, notify_start
+from clusterrun.launch.outcome import (
+    Attempt,
+    Signature,
+    backoff,
+    next_attempt,
+    notify_end,
+    notify_start,
+    untrusted_nodes,
+)
 from clusterrun.launch.phase import STOP_SIGNAL
 from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
@@ -41,7 +49,7 @@ from clusterrun.notify import Notifier, pending
 from clusterrun.planfile import LaunchPlan
 from clusterrun.remote import protocol
 from clusterrun.runs.dirs import RunDir, atomic_write
-from clusterrun.runs.record import RunRecord, RunState, write_record
+from clusterrun.runs.record import RunRecord, RunState, tag_events, write_record
 
 #: The run's record on rank 0's node, relative to the run's own directory there (``<remote runs>/<run id>/``).
 RECORD_DIR = "record"
@@ -119,36 +127,102 @@ def serve(spec: dict[str, Any]) -> int:
                                             + (f" (refused: {why})" if why else "")})
         return 1
     console_file = open(run_dir.path / CONSOLE_LOG, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - the run's
-    console = Console(out=console_file, err=console_file, color=False)
+    try:
+        return _supervise(spec, plan, links, run_dir, Console(out=console_file, err=console_file, color=False))
+    finally:
+        for link in links.values():
+            link.abort()  # every agent ends with its connection
+        console_file.close()
+
+
+def _restage(stage: dict[str, list[list[str]]], before: LaunchPlan, after: LaunchPlan) -> dict[str, list[list[str]]]:
+    """The staged files' destinations in the next attempt's directories (the node's cache holds the files)."""
+    out = {}
+    for node in after.nodes:
+        old, new = before.node(node.name).run_dir, node.run_dir
+        out[node.name] = [[src, new + dest[len(old):] if dest.startswith(old + "/") else dest, *rest]
+                          for src, dest, *rest in stage.get(node.name, [])]
+    return out
+
+
+def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], run_dir: RunDir,
+               console: Console) -> int:
+    """Every attempt of the run, then its record: the same supervisor and the same restart rule as an attached
+    ``up`` (launch/outcome.py ``next_attempt``), on the same nodes (a lost node ends the run: no spares here)."""
     settings = SupervisorSettings(**spec["settings"])
-    supervisor = Supervisor(plan, links, run_dir, console, settings, stage=spec.get("stage") or {},
-                            notifier=Notifier(spec.get("notify") or ()))
-    supervisor.signals = (signal.SIGTERM, STOP_SIGNAL)
+    max_restarts, base = int(spec.get("max_restarts") or 0), float(spec.get("backoff") or 0.0)
+    notifier, stage = Notifier(spec.get("notify") or ()), spec.get("stage") or {}
     started = float(spec.get("started") or time.time())
-    write_record(run_dir, RunRecord(plan.run_id, RunState.running, started=started, detached=True))
+    asked: list[int] = []  # a stop asked for between attempts (while a supervisor runs, it hears it itself)
+    for sig in (signal.SIGTERM, STOP_SIGNAL):
+        signal.signal(sig, lambda signum, _frame: asked.append(signum))
+    attempts: list[Attempt] = []
+    events: tuple[dict[str, Any], ...] = ()
+    last: Signature | None = None
+    between = None  # the stop that came during a restart's backoff: the run is stopped, its failure kept
+    while True:
+        number = plan.job.attempt
+        supervisor = Supervisor(plan, links, run_dir, console, settings, stage=stage, notifier=notifier)
+        # The agents stay connected after their job (another attempt may follow): each one's exit is its end here.
+        supervisor.signals, supervisor.keep_links = (signal.SIGTERM, STOP_SIGNAL), True
+        attempts.append(Attempt(number, [n.name for n in plan.nodes], started=supervisor.outcome.started))
+        write_record(run_dir, RunRecord(plan.run_id, RunState.running, started=started, detached=True, events=events,
+                                        attempts=tuple(a.record() for a in attempts) if max_restarts else ()))
+        if number == 0:
+            def going(first: LaunchPlan = plan) -> None:
+                _say({"ev": GOING, "time": time.time()})
+                _leave_session(run_dir.path / HOST_LOG)
+                notify_start(notifier, first, str(run_dir.path))
 
-    def going() -> None:
-        _say({"ev": GOING, "time": time.time()})
-        _leave_session(run_dir.path / HOST_LOG)
-        if supervisor.notifier is not None:
-            notify_start(supervisor.notifier, plan, str(run_dir.path))
-
-    supervisor.after_start = going
-    outcome = supervisor.run()
+            supervisor.after_start = going
+        outcome = supervisor.run()
+        attempt = attempts[-1]
+        attempt.ended, attempt.state, attempt.exit_code = outcome.ended, outcome.state.value, outcome.exit_code
+        attempt.cause = outcome.first_failure.describe() if outcome.first_failure else None
+        attempt.first_failure = outcome.first_failure
+        events += tag_events(outcome.events, number) if max_restarts else tuple(outcome.events)
+        failure = outcome.first_failure
+        tail = run_dir.tail(failure.node, failure.rank, 5) if failure and failure.rank is not None else []
+        decision = next_attempt(outcome, number, max_restarts, last, tail)
+        lost = untrusted_nodes(outcome) if decision.restart else {}
+        if lost or not decision.restart or asked:
+            outcome.notes += [decision.note] if decision.note else []
+            outcome.notes += [f"not restarted: {', '.join(lost)} lost ({'; '.join(lost.values())}); a detached run "
+                              "restarts on the same nodes only (--min-nodes and spares need an attached run)"] * bool(lost)
+            break
+        last, wait = decision.signature, backoff(number + 1, base)
+        console.info(f"attempt {number} failed ({attempt.cause}); restarting in {wait:g}s (restart {number + 1} of "
+                     f"{max_restarts})")
+        notifier.send("restart", f"clusterrun: run {plan.run_id} attempt {number} failed ({attempt.cause}); "
+                                 "restarting", run_id=plan.run_id, attempt=number + 1)
+        run_dir.archive_attempt(number)
+        deadline = time.monotonic() + wait
+        while not asked and time.monotonic() < deadline:
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))  # a `down` during the backoff ends the run
+        if asked:
+            outcome.interrupted_by = between = asked[0]
+            outcome.notes.append(f"stopped before attempt {number + 1} started")
+            break
+        plan, stage = plan.for_attempt(number + 1), _restage(stage, plan, plan.for_attempt(number + 1))
+        run_dir.write_json("plan.json", plan.to_dict())
     outcome.started = started
+    record = outcome.record().replace(events=events, attempts=tuple(a.record() for a in attempts) if max_restarts
+                                      else ())
+    if len(attempts) > 1:
+        first = next((a.first_failure for a in attempts if a.first_failure is not None), None)
+        record = record.replace(notes=(*(a.describe() for a in attempts), *outcome.notes), first_failure=first)
     # The documents first: what could not go out is in the record's directory before the record says the run
     # ended (a look that sees the end sees them too).
-    if supervisor.notifier is not None:
-        notify_end(supervisor.notifier, outcome, plan, str(run_dir.path))
-        missed = pending(supervisor.notifier.close(wait=NOTIFY_WAIT))
-        if missed:  # this node may have no route out: the next look from clusterrun's machine sends them
-            console.info(f"--notify: {len(missed)} document(s) not delivered from {plan.master.name}; the next "
-                         "`clusterrun status`, `logs`, `attach` or `down` sends them from where it runs")
-            atomic_write(run_dir.path / NOTIFY_PENDING, json.dumps(missed) + "\n")
-    write_record(run_dir, final_record(outcome.record(), run_dir, outcome.interrupted_by))
-    console.info(f"run {plan.run_id} {outcome.state.value}" + (f": {outcome.first_failure.describe()}"
-                                                               if outcome.first_failure else ""))
-    console_file.close()
+    notify_end(notifier, outcome, plan, str(run_dir.path))
+    missed = pending(notifier.close(wait=NOTIFY_WAIT))
+    if missed:  # this node may have no route out: the next look from clusterrun's machine sends them
+        console.info(f"--notify: {len(missed)} document(s) not delivered from {plan.master.name}; the next "
+                     "`clusterrun status`, `logs`, `attach` or `down` sends them from where it runs")
+        atomic_write(run_dir.path / NOTIFY_PENDING, json.dumps(missed) + "\n")
+    record = final_record(record, run_dir, outcome.interrupted_by)
+    write_record(run_dir, record.replace(state=RunState.stopped) if between is not None else record)
+    console.info(f"run {plan.run_id} {record.state.value}" + (f": {record.first_failure.describe()}"
+                                                              if record.first_failure else ""))
     return 0
 
 

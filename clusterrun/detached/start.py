@@ -28,7 +28,7 @@ from typing import Any
 from clusterrun.agents.link import AgentLink
 from clusterrun.detached.host import CONNECT_TIMEOUT, GOING, LISTENING, RECORD_DIR, marker_node
 from clusterrun.errors import ClusterrunError, StartError
-from clusterrun.launch.settings import SupervisorSettings
+from clusterrun.launch.settings import RestartSettings, SupervisorSettings
 from clusterrun.plan import LaunchPlan
 from clusterrun.remote import bundle, protocol, relay
 from clusterrun.remote.procs import NODE_VAR, RUN_ID_VAR
@@ -75,9 +75,10 @@ def _address(plan: LaunchPlan, transport: Transport) -> str:
 
 def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport: Transport,
                      stage: Mapping[str, Sequence[Sequence[str]]], settings: SupervisorSettings,
-                     notify: Sequence[str], started: float) -> ClusterSupervisor:
+                     notify: Sequence[str], started: float, restarts: RestartSettings) -> ClusterSupervisor:
     """Start the run's supervisor on rank 0's node and move every node's agent to it (see the module's docstring).
-    ``transport``: rank 0's node's. Raises :class:`StartError`."""
+    ``transport``: rank 0's node's; ``restarts``: ``--max-restarts`` and its backoff (on the same nodes). Raises
+    :class:`StartError`."""
     master = plan.master
     secret = secrets.token_hex(32)
     where = record_dir(plan)
@@ -89,7 +90,8 @@ def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport
     host = AgentLink(master.name, stream)
     spec = {"plan": plan.to_dict(secrets=True), "record_dir": where, "settings": dataclasses.asdict(settings),
             "stage": {name: [list(item) for item in items] for name, items in stage.items()}, "secret": secret,
-            "notify": list(notify), "started": started, "connect_timeout": CONNECT_TIMEOUT}
+            "notify": list(notify), "started": started, "connect_timeout": CONNECT_TIMEOUT,
+            "max_restarts": restarts.max_restarts, "backoff": restarts.backoff}
     try:
         host.send(bundle.payload() + "\n")
         host.send(protocol.encode_spec(spec) + "\n")

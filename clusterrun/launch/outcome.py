@@ -214,3 +214,40 @@ def notify_end(notifier: Notifier, outcome: RunOutcome, plan: LaunchPlan, run_di
     notifier.send("end", text, run_id=plan.run_id, state=outcome.state.value, exit_code=outcome.exit_code,
                   nodes=[n.name for n in plan.nodes], first_failure=failure.to_dict() if failure else None,
                   run_dir=run_dir, duration=duration, logs_complete=outcome.logs_complete)
+
+
+#: Seconds before the first restart at most, doubling after it (``--restart-backoff``): at most a minute.
+MAX_BACKOFF = 60.0
+
+
+def backoff(restart: int, base: float) -> float:
+    """Seconds to wait before restart number ``restart`` (1, 2, ...): doubling from ``base``, at most a minute."""
+    return min(base * (2 ** max(restart - 1, 0)), MAX_BACKOFF) if base > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether a failed attempt is started again; when not, the note that says why (None: nothing to say)."""
+
+    restart: bool
+    note: str | None
+    signature: Signature | None  # the failure as it repeats, to compare the next attempt's with
+
+
+def next_attempt(outcome: RunOutcome, number: int, max_restarts: int, last: Signature | None,
+                 last_lines: Sequence[str]) -> Decision:
+    """After attempt ``number`` ended with ``outcome``: restart, or not and why. The one rule for an attached run
+    and a detached run's supervisor: no restart after a success, a stop by the user or the time limit, nor when
+    none is left, nor when this attempt failed exactly as the one before (same rank, code and last lines)."""
+    final = no_restart(outcome)
+    if final is not None or number >= max_restarts:
+        note = f"no restart left (--max-restarts {max_restarts})" if final is None and max_restarts else None
+        return Decision(False, note, last)
+    failure = outcome.first_failure
+    assert failure is not None
+    sig = signature(outcome, last_lines if failure.rank is not None else [failure.detail])
+    if sig is not None and sig == last:
+        return Decision(False, f"not restarted: attempts {number - 1} and {number} failed the same way "
+                               f"({failure.describe()}, the same last lines); a restart cannot fix that: fix the "
+                               "script or its data, then start again", sig)
+    return Decision(True, None, sig)

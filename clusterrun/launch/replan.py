@@ -21,8 +21,6 @@ from clusterrun.plan import CPU_BIND_VAR, EnvVar, JobSpec, LaunchPlan, NodePlan,
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import on_every_node
 
-MAX_BACKOFF = 60.0
-
 MISMATCH_HINT = ("the inventory and the nodes disagree: fix the inventory (or the node); `clusterrun doctor "
                  "<inventory> --checks nic` shows every NIC; no node was started")
 GPU_HINT = "no node was started; `clusterrun plan --probe` shows each node's GPUs (docs/gpus.md: how they are chosen)"
@@ -255,11 +253,6 @@ def recompose(active: Sequence[str], spares: Sequence[str], drop: Mapping[str, s
         raise CannotContinue(f"{len(nodes)} node(s) left after leaving out {gone}; {limit}"
                              + ("" if spares else "; no spare nodes in the inventory"))
     return nodes, replaced, left_out
-
-
-def backoff(restart: int, base: float) -> float:
-    """Seconds to wait before restart number ``restart`` (1, 2, ...): doubling from ``base``, at most a minute."""
-    return min(base * (2 ** max(restart - 1, 0)), MAX_BACKOFF) if base > 0 else 0.0
 
 
 FIRST_DELAY = 2.0

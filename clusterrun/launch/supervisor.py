@@ -1,16 +1,14 @@
-"""Run a launch plan on its nodes and supervise it to the end.
+"""Run a launch plan on its nodes and supervise it to the end (attached, or on rank 0's node for a detached run).
 
-Each node's agent was started by the ready check and waits (see :mod:`clusterrun.agents.link`); ``go`` starts the
-job on every node, and the reader thread of each node's link turns the agent's output into frames (events, rank
-output as raw payloads) on one bounded queue; the calling thread alone writes logs and the terminal
-(:class:`~clusterrun.launch.relay.LogRelay`), so lines are never split or mixed. The end of a node is a handshake:
-its agent sends every byte of every rank file, then its ``exit`` event with each file's size, then closes the
-stream; the loop reads each stream to its end. The first failure (a rank exits non-zero, a node's connection
-drops) stops every other node: ``term`` to each agent, which sends SIGTERM to its processes and SIGKILL after the
-grace period. Ctrl-C or SIGTERM does the same; a second Ctrl-C sends ``kill``. The run's phase
-(:mod:`clusterrun.launch.phase`) says which of these happened. Heartbeats tell each agent we are still here; an
-agent that stops hearing them (or whose connection closes) stops its node by itself. What each node is doing goes
-to status.json every few seconds (:mod:`clusterrun.runs.live`).
+Each node's agent waits (see :mod:`clusterrun.agents.link`); ``go`` starts the job on every node, and each link's
+reader turns the agent's output into frames (events, rank output as raw payloads) on one bounded queue; the calling
+thread alone writes logs and the terminal (:class:`~clusterrun.launch.relay.LogRelay`), so lines are never split or
+mixed. The end of a node is a handshake: its agent sends every byte of every rank file, then its ``exit`` event
+with each file's size, then closes the stream (or, kept for another attempt, stays). The first failure (a rank
+exits non-zero, a node's connection drops) stops every other node: ``term`` to each agent, which sends SIGTERM to
+its processes and SIGKILL after the grace period; Ctrl-C or SIGTERM does the same; a second Ctrl-C sends ``kill``
+(:mod:`clusterrun.launch.phase`). Heartbeats tell each agent we are still here; an agent that stops hearing them
+stops its node by itself. What each node is doing goes to status.json every few seconds (:mod:`clusterrun.runs.live`).
 """
 
 from __future__ import annotations
@@ -72,6 +70,7 @@ class Supervisor:
         #: The signals that stop the run (see phase.signal_order); a detached run's supervisor has its own.
         self.signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         self.after_start: Callable[[], None] | None = None  # called once every node was told to start
+        self.keep_links = False  # the agents stay connected after their exit, for another attempt (detached runs)
         self.hang: HangWatch | None = None
         if self.settings.hang_timeout:
             self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, self._send_running,
@@ -195,6 +194,8 @@ class Supervisor:
             self.watch.on_path(name, event, now, stopping=self.phase.stopping,
                                ended=self._jobs_ended())
         elif kind == protocol.EXIT:
+            if self.keep_links:  # the agent stays for the next attempt: its exit, after every byte, is the end
+                self._ended.add(name)
             self.relay.expect(name, event.get("logs") or {})
             if event.get("watch"):
                 self.outcome.watch_cost[name] = event["watch"]
@@ -260,9 +261,9 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            for stream in self._streams.values():
+            for stream in () if self.keep_links else self._streams.values():
                 stream.abort()
-            for stream in self._streams.values():
+            for stream in () if self.keep_links else self._streams.values():
                 stream.join(timeout=2.0)
             self.relay.close()
             self.live.finish()
@@ -344,8 +345,7 @@ class Supervisor:
         """When the node was last heard from (monotonic): a frame handled, or bytes its reader got and queued."""
         return max(self._last_heard[name], self._streams[name].heard)
 
-    def _jobs_ended(self) -> set[str]:
-        """The nodes whose job is over (their exit came, or they were given up on)."""
+    def _jobs_ended(self) -> set[str]:  # the nodes whose job is over (their exit came, or they were given up on)
         return {n for n, o in self.outcome.nodes.items() if o.ended is not None}
 
     def _check_silent(self, now: float) -> None:

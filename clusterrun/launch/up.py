@@ -19,16 +19,16 @@ from clusterrun.launch.outcome import (
     RankState,
     RunOutcome,
     Signature,
-    no_restart,
+    backoff,
+    next_attempt,
     notify_end,
     notify_start,
-    signature,
     untrusted_nodes,
 )
 from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.ready import NodeReady, check_ready, drop, image_lines, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
-from clusterrun.launch.replan import CannotContinue, GpuWait, backoff, plan_with_facts, recompose, with_restarts
+from clusterrun.launch.replan import CannotContinue, GpuWait, plan_with_facts, recompose, with_restarts
 from clusterrun.launch.settings import RestartSettings, SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier
@@ -197,7 +197,7 @@ class _Run:
         started = time.time()
         host = start_on_cluster(plan, _links(ready), self.transports[plan.master.name],
                                 {name: r.stage for name, r in ready.items()}, self.settings,
-                                self.notifier.urls, started)
+                                self.notifier.urls, started, self.restarts)
         self.run_dir.write_json(SUPERVISOR_FILE, host.to_dict())
         self._write(read_record(self.run_dir).replace(
             state=RunState.detached, started=started, pid=None, detached=True,
@@ -294,22 +294,16 @@ class _Run:
         last: Signature | None = None
         while True:
             attempt = self.attempts[-1]
-            final = no_restart(outcome)
-            if final is not None or attempt.number >= self.restarts.max_restarts:
-                if final is None and self.restarts.max_restarts:
-                    outcome.notes.append(f"no restart left (--max-restarts {self.restarts.max_restarts})")
-                return outcome, plan
             failure = outcome.first_failure
-            assert failure is not None
-            sig = signature(outcome, self.run_dir.tail(failure.node, failure.rank, 5) if failure.rank is not None
-                            else [failure.detail])
-            if sig is not None and sig == last:
-                outcome.notes.append(f"not restarted: attempts {attempt.number - 1} and {attempt.number} failed the "
-                                     f"same way ({failure.describe()}, the same last lines); a restart cannot fix "
-                                     "that: fix the script or its data, then start again")
-                self.console.info(outcome.notes[-1])
+            tail = self.run_dir.tail(failure.node, failure.rank, 5) if failure and failure.rank is not None else []
+            decision = next_attempt(outcome, attempt.number, self.restarts.max_restarts, last, tail)
+            if not decision.restart:
+                if decision.note:
+                    outcome.notes.append(decision.note)
+                    if decision.signature is not None and decision.signature == last:
+                        self.console.info(decision.note)
                 return outcome, plan
-            last = sig
+            last = decision.signature
             try:
                 plan, outcome = self._again(plan, outcome, attempt)
             except (StartError, CannotContinue) as exc:

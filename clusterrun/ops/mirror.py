@@ -54,15 +54,19 @@ def supervisor_of(run: RunDir) -> ClusterSupervisor | None:
         return None
 
 
-def _have(run: RunDir) -> dict[str, int | str]:
+def _have(run: RunDir) -> dict[str, list[int | str] | str]:
     """What this machine has of the record: the bytes of each log file, the digest of each other file (the series:
     sent again only when they changed)."""
-    out: dict[str, int | str] = {}
+    out: dict[str, list[int | str] | str] = {}
     for path in run.path.rglob("*"):
         rel = path.relative_to(run.path).as_posix()
-        if rel.startswith("attempt-") or not path.is_file() or rel in KEPT or rel == "status.json":
+        if not path.is_file() or rel in KEPT or rel == "status.json":
             continue
-        out[rel] = path.stat().st_size if rel.endswith(".log") else mirror.digest(path.read_bytes())
+        if rel.endswith(".log"):
+            with open(path, "rb") as fh:
+                out[rel] = [path.stat().st_size, mirror.digest(fh.read(mirror.HEAD))]
+        else:
+            out[rel] = mirror.digest(path.read_bytes())
     return out
 
 

@@ -4,6 +4,7 @@
 agent.py            the node agent's entry: reads a mode's spec and runs it (modes ``prepare``, ``run``,
                     ``exec``, ``collect``, ``sweep``, ``ps``)
 session.py          the agent's first phase (``prepare``): the ready check and the path probes before ``go``
+torchrun_summary.py torchrun's words about its workers: the failure line, the failure summary at the end
 job.py              the agent's ``run`` (and ``go``): torchrun in its own session, its output relayed, stopped
 warm.py             a torchrun started at the ready check, importing torch until ``go`` hands it the job
 mirror.py           the agent's ``mirror``: a detached run's record, from its supervisor's directory on rank 0's node
@@ -71,7 +72,7 @@ def _packed(name: str) -> str:
 
 
 # What the agent imports, sent with it, in import order.
-AGENT_MODULES = ("protocol", "wire", "relay", "procs", "warm", "containers", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
+AGENT_MODULES = ("protocol", "wire", "relay", "procs", "warm", "containers", "leases", "tailing", "pathwatch", "torchrun_summary", "stacks", "flight", "gpufacts", "nodefacts",
                  "ranksockets", "gpuloop", "sampler",
                  "ready", "session", "job", "collect", "execmode", "mirror")
 #: The modules a program other than the agent imports, sent with it when it goes inline.

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -35,9 +34,11 @@ if __package__:
         pathwatch,
         procs,
         protocol,
+        relay,
         sampler,
         stacks,
         tailing,
+        torchrun_summary,
         warm,
         wire,
     )
@@ -48,46 +49,13 @@ else:
     import pathwatch
     import procs
     import protocol
+    import relay
     import sampler
     import stacks
     import tailing
+    import torchrun_summary
     import warm
     import wire
-
-# ---------------------------------------------------------------- torchrun's summary
-
-_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
-_FAIL_FIELD = re.compile(r"^\s*(time|rank|exitcode)\s*:\s*(.*?)\s*$")
-
-
-def parse_failures(lines: list) -> dict:
-    """Global rank -> {"rc", "time"} from torchrun's ``ChildFailedError`` summary."""
-    out: dict = {}
-    current: dict = {}
-    in_root = False
-    for line in lines:
-        if "Root Cause" in line:
-            in_root = True  # torchrun lists the first observed failure under this heading
-        m = _FAIL_FIELD.match(line)
-        if not m:
-            continue
-        key, value = m.group(1), m.group(2)
-        if key == "time":
-            current = {"time": value}
-        elif key == "rank":
-            rm = re.match(r"(\d+)", value)
-            if rm:
-                current["rank"] = int(rm.group(1))
-        elif key == "exitcode" and "rank" in current:
-            em = re.match(r"(-?\d+)", value)
-            if em:
-                code = int(em.group(1))
-                sig = -code if code < 0 else None
-                out[current["rank"]] = {"rc": 128 + sig if sig else code, "signal": sig,
-                                        "time": current.get("time"), "root_cause": in_root}
-            current = {}
-    return out
-
 
 # ---------------------------------------------------------------- the run
 
@@ -105,6 +73,7 @@ class Agent:
         self.launcher_lines: list = []
         self.stop_reason = None
         self.stopping = threading.Event()
+        self.done = threading.Event()  # the job is over and its processes gone: nothing of this agent acts on any more
         self.last_ping = time.monotonic()
         self.watch = None  # the data-path watch (pathwatch.PathWatch), when clusterrun asked for one
         self.flight = False  # torch's flight recorder is on in the workers
@@ -122,7 +91,9 @@ class Agent:
         self.stop_reason = self.stop_reason or reason
         self.stopping.set()
         me = os.getpid()
-        threading.Thread(target=procs.stop_processes, args=(lambda: procs.descendants(me), grace), daemon=True).start()
+        # Only this job's processes: once it is over (done), a later attempt's torchrun is this agent's child too.
+        threading.Thread(target=procs.stop_processes, args=(lambda: [] if self.done.is_set() else procs.descendants(me),
+                                                            grace), daemon=True).start()
 
     def _watch_stdin(self) -> None:
         while True:
@@ -130,25 +101,31 @@ class Agent:
                 line = sys.stdin.buffer.readline()
             except (OSError, ValueError):
                 line = b""
+            self.command(line)
             if not line:
-                if not self.detached:  # a detached run outlives the connection that started it
-                    self.stop("the connection to clusterrun closed", self.grace)
                 return
-            cmd = line.strip().decode(errors="replace")
-            if cmd == protocol.PING:
-                self.last_ping = time.monotonic()
-                wire.emit({"ev": protocol.PONG})  # lets clusterrun tell a silent node from a quiet one
-            elif cmd == protocol.TERM:
-                self.stop("stopped by clusterrun", self.grace)
-            elif cmd == protocol.KILL:
-                self.stop("killed by clusterrun", 0.0)
-            elif cmd == protocol.STACKS:
-                threading.Thread(target=self._dump_stacks, daemon=True, name="stacks").start()
-            elif cmd.startswith(protocol.WATCH + " ") and self.watch is not None:
-                try:
-                    self.watch.set_targets(json.loads(cmd.split(" ", 1)[1]))
-                except (ValueError, KeyError, TypeError) as exc:
-                    wire.emit({"ev": protocol.WATCHING, "error": f"bad targets: {exc}"})
+
+    def command(self, line: bytes) -> None:
+        """One command line from clusterrun (or the run's supervisor); empty: the connection ended."""
+        if not line:
+            if not self.detached:  # a detached run outlives the connection that started it
+                self.stop("the connection to clusterrun closed", self.grace)
+            return
+        cmd = line.strip().decode(errors="replace")
+        if cmd == protocol.PING:
+            self.last_ping = time.monotonic()
+            wire.emit({"ev": protocol.PONG})  # lets clusterrun tell a silent node from a quiet one
+        elif cmd == protocol.TERM:
+            self.stop("stopped by clusterrun", self.grace)
+        elif cmd == protocol.KILL:
+            self.stop("killed by clusterrun", 0.0)
+        elif cmd == protocol.STACKS:
+            threading.Thread(target=self._dump_stacks, daemon=True, name="stacks").start()
+        elif cmd.startswith(protocol.WATCH + " ") and self.watch is not None:
+            try:
+                self.watch.set_targets(json.loads(cmd.split(" ", 1)[1]))
+            except (ValueError, KeyError, TypeError) as exc:
+                wire.emit({"ev": protocol.WATCHING, "error": f"bad targets: {exc}"})
 
     def _report_load(self, every: float) -> None:
         """Every ``every`` seconds, each worker's share of one CPU since the last report (``load`` events)."""
@@ -226,7 +203,7 @@ class Agent:
             self.launcher_lines.append(text)
             del self.launcher_lines[:-400]  # keep the tail: the failure summary is at the end
             wire.emit({"ev": protocol.LAUNCHER, "text": text})
-            m = _WORKER_FAILED.search(text)
+            m = torchrun_summary.WORKER_FAILED.search(text)
             if m:
                 # torchrun saw a worker fail; say so now, before it finishes stopping the others.
                 local_rank = int(m.group(2))
@@ -272,7 +249,10 @@ class Agent:
         if self.spec["load_every"] > 0 and not self.detached:
             threading.Thread(target=self._report_load, args=(float(self.spec["load_every"]),), daemon=True,
                              name="load").start()
-        threading.Thread(target=self._watch_stdin, daemon=True).start()
+        if relay.FEED is not None:  # relayed: the one reader of the supervisor's connection hands us the lines
+            relay.FEED.attach(self)
+        else:
+            threading.Thread(target=self._watch_stdin, daemon=True).start()
         every = float(self.spec["sample_every"])
         if every > 0:  # the node's series (sampler.py): NICs, RDMA ports, ranks, load, the run's GPUs
             me, offset = os.getpid(), self.spec["rank_offset"]
@@ -340,7 +320,7 @@ class Agent:
         self._drain(tailer)
         if self.flight:
             self._send_timeout_dumps()
-        ranks = parse_failures(self.launcher_lines)
+        ranks = torchrun_summary.parse_failures(self.launcher_lines)
         for rank, started in tailer.started_at.items():
             # torchrun's 0 says every rank ended well, unless the job was stopped (then torchrun's code says little).
             ranks.setdefault(rank, {"rc": 0 if rc == 0 and self.stop_reason is None else None, "signal": None,
@@ -368,6 +348,8 @@ class Agent:
 
     def _finish(self, rc: int, signum, ranks: dict, reason: str, logs: dict | None = None,
                 watch: dict | None = None) -> int:
+        if relay.FEED is not None:  # before the exit goes out: the supervisor's next command is the next attempt's
+            relay.FEED.attach(None)
         result = {"ev": protocol.EXIT, "rc": rc, "signal": signum, "ranks": {str(k): v for k, v in ranks.items()},
                   "reason": reason, "time": self.ended or time.time(), "logs": logs or {}, "watch": watch}
         try:
@@ -385,4 +367,9 @@ def start_run(spec: dict) -> int:
     if spec["detached"]:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the session that started it may end
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a broken stream must not kill the agent
-    return Agent(spec).run()
+    agent = Agent(spec)
+    try:
+        return agent.run()
+    finally:
+        agent.done.set()
+        agent.stopping.set()  # the job's threads (heartbeat watchdog, CPU reports) end with it: another may follow

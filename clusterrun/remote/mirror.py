@@ -5,7 +5,8 @@ rank 0's node. ``clusterrun status``, ``logs``, ``attach``, ``down`` and ``repor
 a copy in this machine's ``runs/<id>/``:
 
 * each log file (``*.log``: rank logs, launcher logs, the console) past the bytes the caller already has
-  (``have``: the bytes), at most ``max_bytes`` per file a call, cut at a line's end unless the run is over;
+  (``have``: its size and the :func:`digest` of its first :data:`HEAD` bytes; another start is another file,
+  sent from its start), at most ``max_bytes`` per file a call, cut at a line's end unless the run is over;
 * every other file whole (status.json, the series and the like, which the supervisor rewrites), unless the caller
   has it as it is (``have``: :func:`digest` of its copy);
 * with ``stop`` set, first the request to stop (who asks, in stop-request.json) and the supervisor's
@@ -33,6 +34,7 @@ FILE, SUPERVISOR = "file", "supervisor"
 PID_FILE, STOP_REQUEST = "supervisor.pid", "stop-request.json"
 STOP_SIGNAL = signal.SIGUSR1  # the supervisor's stop request (clusterrun.launch.phase.STOP_SIGNAL)
 MAX_FILES = 4096  # a record holds a few files per node; more is not a record
+HEAD = 4096  # the bytes of a log file's start that say it is the same file as the caller's
 
 
 def _supervisor_pid(folder: str, run_id: str, node: str):
@@ -66,6 +68,15 @@ def digest(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest()
 
 
+def _same_start(f, have) -> int:
+    """The bytes the caller has of a log file, as ``[size, digest of its first HEAD bytes]``: 0 when the file here
+    begins otherwise (a restart put a new attempt's log in its place), so that it is sent again from its start."""
+    if not isinstance(have, list) or len(have) != 2 or not isinstance(have[0], int):
+        return 0
+    start = f.read(min(have[0], HEAD))
+    return have[0] if digest(start) == have[1] else 0
+
+
 def _send(folder: str, rel: str, have, max_bytes: int, partial: bool) -> None:
     path = os.path.join(folder, rel)
     whole = not rel.endswith(".log")
@@ -76,8 +87,9 @@ def _send(folder: str, rel: str, have, max_bytes: int, partial: bool) -> None:
                 if have == digest(data):
                     return  # the caller has it as it is
             else:
-                have = have if isinstance(have, int) else 0
                 size = os.fstat(f.fileno()).st_size
+                have = _same_start(f, have)
+                f.seek(0)
                 if size <= have:
                     return
                 offset = have

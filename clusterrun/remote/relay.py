@@ -22,6 +22,9 @@ import socket
 HANDSHAKE_TIMEOUT = 10.0
 MAX_LINE = 4096  # a handshake line longer than this is not one of ours
 RELAY, RELAYED = "relay", "relayed"  # the agent's command (clusterrun -> agent) and its answer
+#: A relayed agent's one reader of its supervisor's connection (session.py): while a job runs it hands the job's
+#: agent (job.py) each command line; between jobs it keeps them for the session, which may start the next one.
+FEED = None
 
 
 class HandshakeError(Exception):

@@ -25,7 +25,6 @@ The end of stdin (clusterrun went away), ``stop``, or no command for ``idle`` se
 spec) ends the program without starting anything. Standard library only, like the rest of the agent.
 """
 
-import io
 import json
 import os
 import queue
@@ -33,7 +32,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
@@ -68,6 +66,36 @@ def _lines(stdin, out: "queue.Queue", source: int = 0) -> None:
             return
 
 
+class _Relayed:
+    """The one reader of a relayed agent's connection to its supervisor: each command line goes to the job's agent
+    while a job runs (``relay.FEED``), else to the session's queue, which may start the next attempt's job."""
+
+    def __init__(self, reader, lines: "queue.Queue", source: int) -> None:
+        self.reader, self.lines, self.source = reader, lines, source
+        self.lock = threading.Lock()
+        self.job = None
+        threading.Thread(target=self._read, daemon=True, name="relayed-commands").start()
+
+    def attach(self, job) -> None:
+        with self.lock:
+            self.job = job
+
+    def _read(self) -> None:
+        while True:
+            try:
+                line = self.reader.readline()
+            except (OSError, ValueError):
+                line = b""
+            with self.lock:
+                job = self.job
+            if job is not None:
+                job.command(line)
+            if job is None or not line:
+                self.lines.put((self.source, line))
+            if not line:
+                return
+
+
 def _relay(arg: str, lines: "queue.Queue", source: int) -> bool:
     """Move this agent's stream to the run's supervisor (``relay`` command): True once it is there."""
     try:
@@ -81,11 +109,9 @@ def _relay(arg: str, lines: "queue.Queue", source: int) -> bool:
     wire.emit({"ev": relay.RELAYED})
     # The session that started this agent may end from now on: its hang-up and its end of stdin change nothing.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    reader = sock.makefile("rb")
     wire.OUT_FD = sock.fileno()
     wire.keep(sock)
-    sys.stdin = io.TextIOWrapper(reader, encoding="utf-8", errors="replace")  # the job's agent reads its commands here
-    threading.Thread(target=_lines, args=(reader, lines, source), daemon=True, name="relayed-commands").start()
+    relay.FEED = _Relayed(sock.makefile("rb"), lines, source)
     return True
 
 
@@ -246,7 +272,11 @@ def serve(stdin, start_run) -> int:
                 if listener is not None:
                     listener.close()  # the master port is torchrun's from here on
                     listener = None
-                return start_run(arg)
+                code = start_run(arg)
+                if source == 0:
+                    return code
+                # Relayed: the supervisor may start the job again here (a restart); its connection's end, `stop`
+                # or its silence (``idle``) ends this agent.
             elif word == STOP:
                 return 0
             else:

@@ -110,7 +110,10 @@ class RunDir:
         return json.loads((self.path / name).read_text(encoding="utf-8"))
 
     #: What stays at the top of a run directory across attempts; everything else is the latest attempt's.
-    RUN_FILES = ("plan.json", "inventory.json", "status.json", "preflight.json")
+    RUN_FILES = ("plan.json", "inventory.json", "status.json", "preflight.json",
+                 # a detached run's: where its supervisor is, and the supervisor's own files (clusterrun/detached/)
+                 "supervisor.json", "supervisor.pid", "supervisor.log", "console.log", "stop-request.json",
+                 "notify-pending.json", "notify-sent.json")
 
     def archive_attempt(self, number: int) -> Path:
         """Move the finished attempt's files (node directories, stacks, dumps) into ``attempt-<number>/``, so the
