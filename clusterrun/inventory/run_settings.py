@@ -32,6 +32,8 @@ class RunSettings(_Model):
                                   "(default: every node is needed)")
     restart_backoff: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = Field(
         default=5.0, description="seconds before the first restart, doubling for each further one (at most 60)")
+    fold: bool = Field(default=True, description="a line that many ranks print alike is shown once on the terminal, "
+                                                 "under all their ranks (the rank logs hold every copy)")
     cpu_bind: Literal["numa", "none"] = Field(
         default="numa", description="numa: each rank runs on the CPUs and memory node of its GPU's NUMA node (where "
                                     "nvidia-smi topo -m says them); none: where the system puts it")
