@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from clusterrun.inventory.hostlist import compress_hostlist, compress_numbers
 
@@ -96,14 +96,28 @@ _Record = _Written | _Copies
 _Entry = _Record | list[_Record]  # a text written more than once: each time, oldest first
 
 
+def _append(table: dict[str, Any], text: str, item: object, most: int = 0) -> None:
+    """Add ``item`` to ``table[text]``: the item itself while it is the only one, else a list of them, oldest
+    first (the oldest dropped past ``most`` when given)."""
+    entry = table.get(text)
+    if entry is None:
+        table[text] = item
+    elif isinstance(entry, list):
+        entry.append(item)
+        if most and len(entry) > most:
+            del entry[0]
+    else:
+        table[text] = [entry, item]
+
+
 def _copy(record: _Record, key: Key, now: float) -> _Copies | None:
     """``record`` as the written line a copy from ``key`` at ``now`` is a later copy of (counted), or None."""
-    if record.__class__ is tuple:
-        keys, at = record  # type: ignore[misc]
+    if isinstance(record, tuple):
+        keys, at = record
         if now - at >= LATE or key in keys:
             return None
         record = _Copies(keys, at)
-    return record if record.add(key, now) else None  # type: ignore[union-attr]
+    return record if record.add(key, now) else None
 
 
 class Folder:
@@ -152,15 +166,8 @@ class Folder:
         batch = _Batch(key, texts, now)
         self._keys.setdefault(key, deque()).append(batch)
         self._queue.append(batch)
-        index = self._index
         for text in texts:
-            held = index.get(text)
-            if held is None:
-                index[text] = batch
-            elif held.__class__ is list:
-                held.append(batch)  # type: ignore[union-attr]
-            else:
-                index[text] = [held, batch]  # type: ignore[list-item]
+            _append(self._index, text, batch)
         return out
 
     def due(self, now: float, notes: bool = False) -> list[Line | Note]:
@@ -202,16 +209,16 @@ class Folder:
             entry = generation.get(text)
             if entry is None:
                 continue
-            if entry.__class__ is list:
-                for i, record in enumerate(entry):  # type: ignore[arg-type]
+            if isinstance(entry, list):
+                for i, record in enumerate(entry):
                     copies = _copy(record, key, now)
                     if copies is not None:
-                        entry[i] = copies  # type: ignore[index]
+                        entry[i] = copies
                         break
                 else:
                     continue
             else:
-                copies = _copy(entry, key, now)  # type: ignore[arg-type]
+                copies = _copy(entry, key, now)
                 if copies is None:
                     continue
                 generation[text] = copies
@@ -230,14 +237,14 @@ class Folder:
                 del index[text]
                 i += 1
                 continue
-            if all(other is batch for other in held):  # type: ignore[union-attr]
+            if all(other is batch for other in held):
                 self._unindex(text, batch)
                 i += 1
                 continue
             if i > start:
                 self._write((batch.key,), texts[start:i], now, out)
             batch.next = i
-            self._fold(text, held, now, out)  # type: ignore[arg-type]
+            self._fold(text, held, now, out)
             start = i = batch.next
         if i > start:
             self._write((batch.key,), texts[start:i], now, out)
@@ -286,7 +293,7 @@ class Folder:
         if held is batch:
             del self._index[text]
             return
-        held.remove(batch)  # type: ignore[union-attr]
+        held.remove(batch)
         if not held:
             del self._index[text]
 
@@ -304,15 +311,7 @@ class Folder:
             shown.update(fresh)
         else:
             for text in texts:
-                entry = shown.get(text)
-                if entry is None:
-                    shown[text] = record
-                elif entry.__class__ is list:
-                    entry.append(record)  # type: ignore[union-attr]
-                    if len(entry) > MAX_TIMES:  # type: ignore[arg-type]
-                        del entry[0]  # type: ignore[union-attr]
-                else:
-                    shown[text] = [entry, record]  # type: ignore[list-item]
+                _append(shown, text, record, MAX_TIMES)
         out.append(Line(keys, texts))
 
     def _notes(self, now: float, out: list[Line | Note], every: bool) -> None:
