@@ -7,6 +7,7 @@ rank's output, ``Console.tick`` every quarter second), with the time given by a 
 from __future__ import annotations
 
 import io
+import random
 import re
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun.launch.console import Console
-from clusterrun.launch.fold import HOLD, LATE, NOTE_QUIET, WARMUP, Folder, Line, Note, label, node_list, rank_list
+from clusterrun.launch.fold import HOLD, LATE, NOTE_QUIET, WARMUP, Folder, Key, Line, Note, label, node_list, rank_list
 from clusterrun.launch.relay import LogRelay
 from clusterrun.runs import RunDir
 
@@ -300,3 +301,66 @@ def test_a_line_printed_twice_is_matched_time_for_time_when_its_copies_come_late
         f'[node[0-2]] (the line "{banner[2]}" also came from these 3 nodes, up to 0.2 s after [node3]; not shown '
         "again)",
         f'[node[0-2]] (the line "{"*" * 41}" also came from these 3 nodes, up to 0.2 s after [node3]; not shown again)']
+
+
+def test_random_interleavings_lose_nothing_keep_each_rank_order_and_wait_at_most_half_a_second() -> None:
+    """Ranks print shared and own lines in random pieces at random times (some seconds late, some repeating a
+    line): every line a rank printed is shown under it or named in a note, exactly once; the lines shown under
+    a rank keep its order; none waited more than the window and a tick."""
+    runs = [_random_run(seed) for seed in range(40)]
+    assert sum(folded for folded, _ in runs) > 100 and sum(noted for _, noted in runs) > 20  # what it is meant to be
+
+
+def _random_run(seed: int) -> tuple[int, int]:
+    """One random run, checked; returns how many folded lines and notes it had."""
+    rng = random.Random(seed)
+    folder = Folder()
+    shared = [f"shared {i}" for i in range(6)] + [""]
+    keys = [(f"n{r // 4}", r) for r in range(rng.choice([2, 8, 24]))]
+    todo = {}
+    for key in keys:
+        lines = [rng.choice(shared) if rng.random() < 0.6 else f"own {key[1]} {i}" for i in range(rng.randint(0, 30))]
+        todo[key] = lines
+    printed: dict[Key, list[tuple[str, float]]] = {key: [] for key in keys}
+    shown: dict[Key, list[tuple[str, float]]] = {key: [] for key in keys}
+    noted: Counter[tuple[Key, str]] = Counter()
+    now, next_tick = 0.0, TICK
+
+    folded = 0
+
+    def take(out: list[Line | Note], at: float) -> None:
+        nonlocal folded
+        for item in out:
+            folded += isinstance(item, Line) and len(item.keys) > 1
+            if isinstance(item, Line):
+                for key in item.keys:
+                    shown[key] += [(text, at) for text in item.texts]
+            else:
+                for key in item.keys:
+                    noted[(key, item.text)] += 1
+
+    while any(todo.values()) or now < 40:
+        now += rng.choice([0.001, 0.01, 0.05, 0.2, 1.5])
+        while next_tick <= now:
+            take(folder.due(next_tick, notes=True), next_tick)
+            next_tick += TICK
+        for key in rng.sample(keys, k=min(len(keys), 3)):
+            n = rng.randint(1, 4)
+            piece, todo[key] = todo[key][:n], todo[key][n:]
+            if piece:
+                printed[key] += [(text, now) for text in piece]
+                take(folder.add(key, piece, now), now)
+    take(folder.flush(now), now)
+    for key in keys:
+        texts = [text for text, _ in printed[key]]
+        assert Counter(text for text, _ in shown[key]) + Counter({t: noted[(key, t)] for t in set(texts)}) == \
+            Counter(texts), key
+        # What is shown under the key is what it printed, in order, less what was noted (matched from the end:
+        # which of a line's copies a note stands for is not said).
+        i = len(printed[key])
+        for text, at in reversed(shown[key]):
+            i -= 1
+            while i >= 0 and printed[key][i][0] != text:
+                i -= 1
+            assert i >= 0 and at - printed[key][i][1] <= HOLD + TICK + 1e-9, (key, text)
+    return folded, sum(noted.values())
