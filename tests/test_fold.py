@@ -17,7 +17,20 @@ from pathlib import Path
 import pytest
 
 from clusterrun.launch.console import Console
-from clusterrun.launch.fold import HOLD, LATE, NOTE_QUIET, WARMUP, Folder, Key, Line, Note, label, node_list, rank_list
+from clusterrun.launch.fold import (
+    HOLD,
+    LATE,
+    MAX_HELD,
+    NOTE_QUIET,
+    WARMUP,
+    Folder,
+    Key,
+    Line,
+    Note,
+    label,
+    node_list,
+    rank_list,
+)
 from clusterrun.launch.relay import LogRelay
 from clusterrun.runs import RunDir
 
@@ -364,3 +377,21 @@ def _random_run(seed: int) -> tuple[int, int]:
                 i -= 1
             assert i >= 0 and at - printed[key][i][1] <= HOLD + TICK + 1e-9, (key, text)
     return folded, sum(noted.values())
+
+
+def test_a_flood_is_written_before_its_window_ends_so_memory_stays_bounded() -> None:
+    """More distinct lines within the half second than MAX_HELD: the oldest go out at once, in order."""
+    folder = Folder()
+    written: list[str] = []
+    added = 0
+    for piece in range(3 * MAX_HELD // 1000):
+        key = ("n0", piece % 8)
+        texts = [f"rank {key[1]} line {piece}.{i}" for i in range(1000)]
+        added += len(texts)
+        for item in folder.add(key, texts, 0.0):  # all at the same instant: none has waited its window
+            assert isinstance(item, Line)
+            written += item.texts
+        assert added - len(written) <= MAX_HELD
+    assert len(written) >= added - MAX_HELD - 1000
+    written += [text for item in folder.flush(0.0) if isinstance(item, Line) for text in item.texts]
+    assert written == [f"rank {p % 8} line {p}.{i}" for p in range(3 * MAX_HELD // 1000) for i in range(1000)]

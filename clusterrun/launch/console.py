@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from clusterrun.facts.torchrun_noise import NoiseFilter, Sorted
-from clusterrun.launch.fold import Folder, Key, Line, Note, count, label
+from clusterrun.launch.fold import Folder, Key, Line, Note, label, these
 
 DISPLAY_MAX = 16 << 10  # characters of one line shown on the terminal
 BAR_EVERY_TTY = 1.0  # seconds between two shown updates of one rank's progress bar, on a terminal
@@ -169,8 +169,7 @@ class Console:
                 parts.extend(f"{prefix} {shorten(text)}\n" for text in line.texts)
                 continue
             quote = line.text if len(line.text) <= QUOTE_MAX else f"{line.text[:QUOTE_MAX]}…"
-            these = f"these {count(line.keys)}" if len(line.keys) > 1 else f"this {count(line.keys)[2:]}"
-            parts.append(f'{self._label(line.keys)} (the line "{quote}" also came from {these}, up to '
+            parts.append(f'{self._label(line.keys)} (the line "{quote}" also came from {these(line.keys)}, up to '
                          f"{line.delay:.1f} s after {label(line.shown)}; not shown again)\n")
         body = "".join(parts)
         self._emit(body if self.raw else safe(body))

@@ -7,17 +7,21 @@ copies of each. :class:`Folder` sorts the lines the terminal is about to show in
   seconds of output, and whenever another rank printed in the last :data:`ACTIVE` seconds), a line waits
   :data:`HOLD` seconds for copies; the supervisor looks every 0.25 s, so no line waits more than half a
   second. Copies of it that came meanwhile are written with it, once, under all their ranks. When only
-  one rank has been printing (a training loop that logs on rank 0), its lines are written at once.
+  one rank has been printing (a training loop that logs on rank 0), its lines are written at once. In a
+  flood, at most :data:`MAX_HELD` lines wait: beyond that the oldest are written before their window ends.
 * **Only identical lines fold**: the whole text after the ``[node:rank]`` prefix, character for
   character; a line with a rank number or a loss value inside differs and is written under its own rank.
 * **Order.** A rank's lines are written in the order it printed them: a line is written only after
   every earlier line of its rank (an earlier line of a rank whose copy joins a folded line is written
   first, without waiting out its window).
-* **Later copies.** A copy that comes after its line was written (nodes start seconds apart), from a
-  rank that line did not name, within :data:`LATE` seconds, is not written again: a :class:`Note`
-  names those ranks and the line, once no further copy came for :data:`NOTE_QUIET` seconds (at most
-  :data:`NOTE_EVERY` seconds after the first) and at the end. A rank printing a line again that it
-  already printed is a new line, written again.
+* **Later copies.** A copy that comes after its line was written (nodes start seconds apart), within
+  :data:`LATE` seconds, is not written again: a :class:`Note` names those ranks and the line, once no
+  further copy came for :data:`NOTE_QUIET` seconds (at most :data:`NOTE_EVERY` seconds after the first)
+  and at the end. Copies are matched time for time: a rank's copy stands for the first time the line was
+  written that this rank has no copy of yet; when there is none (the rank prints it once more), it is a
+  new line, written again. Blank lines are never noted (a note would say nothing). Written lines are
+  remembered in two generations of :data:`MAX_SHOWN`, so in a flood of distinct lines a copy is found
+  among the last few thousand.
 
 Pure: times come in, lines go out as :class:`Line` and :class:`Note`; the rank logs are written
 elsewhere and always hold every line. Standard library only (it runs on the nodes too).
@@ -37,6 +41,7 @@ ACTIVE = 10.0  # another rank printed within this many seconds: a copy may come
 LATE = 30.0  # a copy this long after its line was written is a new line
 NOTE_QUIET = 1.0  # later copies are noted once none came for this long ...
 NOTE_EVERY = 10.0  # ... or this long after the first of them
+MAX_HELD = 16384  # lines held at most: in a flood, the oldest are written before their window ends
 MAX_SHOWN = 4096  # lines remembered for later copies (two generations of this many)
 MAX_TIMES = 32  # ... times one line is remembered as written, in one generation
 NODES_MAX = 48  # characters of a folded line's node list before it is shortened
@@ -130,6 +135,7 @@ class Folder:
 
     def __init__(self) -> None:
         self._queue: deque[_Batch] = deque()  # held batches, oldest first (written ones are skipped)
+        self._held = 0  # lines held
         self._keys: dict[Key, deque[_Batch]] = {}  # per key: its held batches, in its order
         self._index: dict[str, _Batch | list[_Batch]] = {}  # per held text: its batch (one per copy held)
         self._shown: dict[str, _Entry] = {}  # written lines, for their later copies
@@ -166,8 +172,11 @@ class Folder:
         batch = _Batch(key, texts, now)
         self._keys.setdefault(key, deque()).append(batch)
         self._queue.append(batch)
+        self._held += len(texts)
         for text in texts:
             _append(self._index, text, batch)
+        if self._held > MAX_HELD:  # a flood: memory is bounded, not the window
+            out += self._due(now, HOLD)
         return out
 
     def due(self, now: float, notes: bool = False) -> list[Line | Note]:
@@ -193,7 +202,7 @@ class Folder:
         while queue:
             batch = queue[0]
             if batch.next < len(batch.texts):
-                if now - batch.at < hold:
+                if now - batch.at < hold and self._held <= MAX_HELD:
                     break
                 self._release(batch, now, out)
             queue.popleft()
@@ -242,12 +251,12 @@ class Folder:
                 i += 1
                 continue
             if i > start:
-                self._write((batch.key,), texts[start:i], now, out)
+                self._write((batch.key,), texts[start:i], now, out, i - start)
             batch.next = i
             self._fold(text, held, now, out)
             start = i = batch.next
         if i > start:
-            self._write((batch.key,), texts[start:i], now, out)
+            self._write((batch.key,), texts[start:i], now, out, i - start)
         batch.next = i
         self._done(batch)
 
@@ -267,7 +276,7 @@ class Folder:
             batch.next = at + 1
             if batch.next == len(batch.texts):
                 self._done(batch)
-        self._write(tuple(members), [text], now, out)
+        self._write(tuple(members), [text], now, out, len(members))
 
     def _force(self, batch: _Batch, end: int, now: float, out: list[Line | Note]) -> None:
         """Write ``batch``'s lines up to ``end`` now, each alone."""
@@ -276,7 +285,7 @@ class Folder:
             for text in texts:
                 self._unindex(text, batch)
             batch.next = end
-            self._write((batch.key,), texts, now, out)
+            self._write((batch.key,), texts, now, out, len(texts))
         if end == len(batch.texts):
             self._done(batch)
 
@@ -297,7 +306,9 @@ class Folder:
         if not held:
             del self._index[text]
 
-    def _write(self, keys: tuple[Key, ...], texts: list[str], now: float, out: list[Line | Note]) -> None:
+    def _write(self, keys: tuple[Key, ...], texts: list[str], now: float, out: list[Line | Note], held: int = 0) -> None:
+        """Write ``texts`` under ``keys`` (``held`` of them were held), remembered for their later copies."""
+        self._held -= held
         if self._late:  # a line written again closes the notes on its earlier copies
             again = set(texts)
             for copies, text in list(self._late.items()):
@@ -387,8 +398,7 @@ def label(keys: tuple[Key, ...]) -> str:
     return f"[{where}:{rank_list(ranks)}]" if ranks else f"[{where}]"
 
 
-def count(keys: tuple[Key, ...]) -> str:
-    """``37 ranks``, ``1 rank``, ``3 nodes`` (for torchrun's own lines)."""
+def these(keys: tuple[Key, ...]) -> str:
+    """``these 37 ranks``, ``this rank``, ``these 3 nodes`` (torchrun's own lines)."""
     what = "rank" if any(rank is not None for _, rank in keys) else "node"
-    return f"{len(keys)} {what}{'s' if len(keys) != 1 else ''}"
-
+    return f"these {len(keys)} {what}s" if len(keys) > 1 else f"this {what}"
