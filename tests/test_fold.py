@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun.inventory.hostlist import short_hostlist, short_numbers
 from clusterrun.launch.console import Console
 from clusterrun.launch.fold import (
     HOLD,
@@ -28,8 +29,6 @@ from clusterrun.launch.fold import (
     Line,
     Note,
     label,
-    node_list,
-    rank_list,
 )
 from clusterrun.launch.relay import LogRelay
 from clusterrun.runs import RunDir
@@ -251,9 +250,12 @@ def test_labels_compress_nodes_and_ranks_and_shorten_what_does_not() -> None:
     assert label((("gpu01-ib", 0), ("gpu02-ib", 1), ("gpu03-ib", 2), ("login", 3))) == "[gpu[01-03]-ib,login:0-3]"
     assert label((("b", 9), ("a", 3))) == "[a,b:3,9]"  # nodes in the order of their ranks
     names = [f"{word}{i}x" for i, word in enumerate(["alpha", "beta", "gamma", "delta"] * 16)]
-    assert node_list(names) == "alpha0x,beta1x,gamma2x,delta3x,alpha4x,beta5x,…(64 nodes)"
-    assert rank_list(list(range(0, 512, 2))) == "0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,…(256 ranks)"
-    assert node_list(["with space", "x"]) == "with space,x"  # no hostlist can hold it: as it is
+    assert short_hostlist(names, 48) == "alpha0x,beta1x,gamma2x,delta3x,alpha4x,beta5x,…(64 nodes)"
+    assert short_hostlist(["n1", "n2", "n3", "n5", "login"], 48) == "n[1-3,5],login"
+    assert short_numbers(list(range(0, 512, 2)), 40, "ranks") == "0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,…(256 ranks)"
+    assert short_hostlist(["with space", "x"], 48) == "with space,x"  # no hostlist can hold it: as it is
+    assert label(tuple((f"w{i}", i) for i in range(0, 512, 2))) == \
+        "[w[0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,…](256 nodes):0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,…(256 ranks)]"
 
 
 def test_no_fold_shows_every_copy(tmp_path: Path) -> None:

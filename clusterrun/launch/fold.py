@@ -33,7 +33,7 @@ import re
 from collections import deque
 from typing import Any, NamedTuple
 
-from clusterrun.inventory.hostlist import compress_hostlist, compress_numbers
+from clusterrun.inventory.hostlist import short_hostlist, short_numbers
 
 HOLD = 0.2  # seconds a line waits for copies from other ranks
 WARMUP = 10.0  # the first seconds of output: every rank is starting and printing the same banners
@@ -337,52 +337,6 @@ class Folder:
         del self._late[copies]
 
 
-def _cut(pieces: list[str], limit: int) -> list[str]:
-    """The first of ``pieces`` that fit in ``limit`` characters joined with commas (at least one)."""
-    kept: list[str] = []
-    size = -1
-    for piece in pieces:
-        size += len(piece) + 1
-        if kept and size > limit:
-            break
-        kept.append(piece)
-    return kept
-
-
-def _top_level(hostlist: str) -> list[str]:
-    """``a[1-2,4],b`` -> ``['a[1-2,4]', 'b']``: split at the commas outside brackets."""
-    pieces, depth, start = [], 0, 0
-    for i, ch in enumerate(hostlist):
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            pieces.append(hostlist[start:i])
-            start = i + 1
-    pieces.append(hostlist[start:])
-    return pieces
-
-
-def node_list(names: list[str], limit: int = NODES_MAX) -> str:
-    """Node names as a Slurm hostlist (``crn[0-63]``), in the order given; one that does not fit in
-    ``limit`` characters is shortened with a count: ``alpha,beta,…(64 nodes)``."""
-    try:
-        pieces = _top_level(compress_hostlist(names))
-    except ValueError:  # a name no hostlist can hold: as it is
-        pieces = list(names)
-    text = ",".join(pieces)
-    if len(text) <= limit:
-        return text
-    return ",".join(_cut(pieces, limit)) + f",…({len(names)} nodes)"
-
-
-def rank_list(ranks: list[int], limit: int = RANKS_MAX) -> str:
-    """Ranks as ranges (``0-511``); a list that does not fit in ``limit`` characters is shortened with a
-    count: ``0,2,4,…(256 ranks)``."""
-    text = compress_numbers(ranks)
-    if len(text) <= limit:
-        return text
-    return ",".join(_cut(text.split(","), limit)) + f",…({len(set(ranks))} ranks)"
-
-
 def _natural(name: str) -> list[str | int]:
     """``crn10`` after ``crn9``: the numbers in a name compared as numbers."""
     return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", name))]
@@ -394,8 +348,8 @@ def label(keys: tuple[Key, ...]) -> str:
     ordered = sorted(keys, key=lambda k: (-1 if k[1] is None else k[1], _natural(k[0])))
     nodes = list(dict.fromkeys(node for node, _ in ordered))
     ranks = [rank for _, rank in ordered if rank is not None]
-    where = nodes[0] if len(nodes) == 1 else node_list(nodes)
-    return f"[{where}:{rank_list(ranks)}]" if ranks else f"[{where}]"
+    where = nodes[0] if len(nodes) == 1 else short_hostlist(nodes, NODES_MAX)
+    return f"[{where}:{short_numbers(ranks, RANKS_MAX, 'ranks')}]" if ranks else f"[{where}]"
 
 
 def these(keys: tuple[Key, ...]) -> str:
