@@ -272,7 +272,10 @@ def test_the_console_needs_only_the_standard_library() -> None:
 import io, sys
 for name in ("click", "rich", "pydantic", "paramiko", "yaml"):
     sys.modules[name] = None
+before = set(sys.modules)
 from clusterrun.launch.console import Console
+others = [m for m in set(sys.modules) - before if m.split(".")[0] not in {*sys.stdlib_module_names, "clusterrun"}]
+assert not others, others
 out = io.StringIO()
 console = Console(out, io.StringIO(), color=True, fold=True)
 console.rank_output("n0", 0, "stdout", b"same\\n")
@@ -397,3 +400,14 @@ def test_a_flood_is_written_before_its_window_ends_so_memory_stays_bounded() -> 
     assert len(written) >= added - MAX_HELD - 1000
     written += [text for item in folder.flush(0.0) if isinstance(item, Line) for text in item.texts]
     assert written == [f"rank {p % 8} line {p}.{i}" for p in range(3 * MAX_HELD // 1000) for i in range(1000)]
+
+
+def test_after_the_output_ended_a_restarted_job_lines_are_new_lines() -> None:
+    clock = Clock()
+    console, out = _console(clock)
+    console.rank_output("n0", 0, "stdout", b"banner\n")
+    console.tick(final=True)  # the attempt's relay closed
+    clock.now += 5
+    console.rank_output("n1", 1, "stdout", b"banner\n")  # the next attempt, n0 left out: not a later copy
+    console.tick(final=True)
+    assert out.getvalue() == "[n0:0] banner\n[n1:1] banner\n"

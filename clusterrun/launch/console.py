@@ -239,6 +239,8 @@ class Console:
             self._partial.clear()
         for folder in self._folders or ():  # lines that waited their time for copies; notes on later copies
             self._show(folder.flush(now) if final else folder.due(now, notes=True))
+        if final and self._folders is not None:  # the output ended: a restarted job's lines are new lines
+            self._folders = (Folder(), Folder())
 
     def node_line(self, node: str, text: str, ranks: Collection[int] | None = None, error: bool = False,
                   now: float | None = None) -> None:
