@@ -1,6 +1,11 @@
 """Soak: does `clusterrun up` stay flat over a long run? The orchestrator's RSS and CPU per minute while ranks print.
 
-    sudo python bench/soak.py [--minutes 10] [--nodes 4] [--nproc 2] [--rate 5] [--sample 5] [--keep]
+    sudo python bench/soak.py [--minutes 10] [--nodes 4] [--nproc 2] [--rate 5] [--sample 5] [--keep] [--detach]
+
+With --detach the run is started with `up --detach` and the process sampled is the run's supervisor on node0 (its
+pid from runs/<id>/supervisor.json; the simulated nodes' processes are this machine's); its console.log stands for
+clusterrun's stdout, and at the end `clusterrun logs` brings the record and every rank log here (as a user would)
+before the lines are counted.
 
 One SimCluster of --nodes nodes is started (needs root, see tests/simcluster.py). A worker, soak.py, is written into
 the work dir (the nodes share this machine's filesystem): each rank prints --rate numbered lines a second,
@@ -192,7 +197,7 @@ def soak(cluster: SimCluster, work: Path, args: argparse.Namespace) -> dict:
     runs = work / "runs"
     stdout, stderr = work / "stdout", work / "stderr"
     argv = [sys.executable, "-m", "clusterrun", "up", "--nproc-per-node", str(args.nproc), "--runs-dir", str(runs),
-            str(inv), str(work / "soak.py"), str(args.rate), str(seconds)]
+            *(["--detach"] if args.detach else []), str(inv), str(work / "soak.py"), str(args.rate), str(seconds)]
     res: dict = {"argv": argv, "nodes": args.nodes, "nproc": args.nproc, "ranks": ranks, "rate_per_rank": args.rate,
                  "minutes": args.minutes, "sample_s": args.sample, "worker_s": seconds}
     # As after `pip install`: clusterrun's modules load from their compiled .pyc files.
@@ -202,10 +207,19 @@ def soak(cluster: SimCluster, work: Path, args: argparse.Namespace) -> dict:
                              start_new_session=True)
     launched = time.monotonic()
     samples: list[dict] = []
+    host = None
+    if args.detach:  # the run's supervisor on node0 is what runs the soak: sample it, read its console
+        if p.wait(timeout=START_TIMEOUT) != 0:
+            res["error"] = f"up --detach failed (rc {p.returncode}): {stderr.read_text()[-2000:]}"
+            return res
+        run_dir = next(d for d in runs.iterdir() if d.is_dir())
+        host = json.loads((run_dir / "supervisor.json").read_text())
+        stdout = Path(os.path.expanduser(host["record_dir"])) / "console.log"
+        res["supervisor"] = host
     try:
         deadline = launched + START_TIMEOUT
         while not first_lines_seen(stdout, ranks):
-            if p.poll() is not None or time.monotonic() > deadline:
+            if (p.poll() is not None and host is None) or time.monotonic() > deadline:
                 res["error"] = f"not every rank printed within {START_TIMEOUT:g}s (clusterrun rc {p.poll()})"
                 return res
             time.sleep(0.2)  # poll step of a deadline-bounded wait
@@ -216,7 +230,7 @@ def soak(cluster: SimCluster, work: Path, args: argparse.Namespace) -> dict:
             ahead = t0 + k * args.sample - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)
-            now = sample(p.pid)
+            now = sample(host["pid"] if host else p.pid)
             if now is None:
                 res["error"] = f"clusterrun ended {time.monotonic() - t0:.0f}s into the soak (rc {p.poll()})"
                 break
@@ -231,6 +245,14 @@ def soak(cluster: SimCluster, work: Path, args: argparse.Namespace) -> dict:
         except subprocess.TimeoutExpired:
             res["error"] = "clusterrun did not end in time: killed"
             kill_session(p)
+        if host is not None:
+            end = time.monotonic() + END_TIMEOUT + seconds - (time.monotonic() - t0)
+            while sample(host["pid"]) is not None and time.monotonic() < end:
+                time.sleep(1.0)  # poll step of a deadline-bounded wait: the supervisor ends with the run
+            got = subprocess.run([sys.executable, "-m", "clusterrun", "logs", "--runs-dir", str(runs), "last"],
+                                 cwd=work, env=env, capture_output=True, timeout=END_TIMEOUT)
+            res["rc"] = got.returncode
+            stdout = run_dir / "console.log"  # the mirror of the supervisor's console
     finally:
         if p.poll() is None:
             kill_session(p)
@@ -296,6 +318,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=5.0, help="lines a second per rank (default 5)")
     parser.add_argument("--sample", type=float, default=5.0, help="seconds between samples (default 5)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, stdout, stderr)")
+    parser.add_argument("--detach", action="store_true", help="soak a detached run: sample its supervisor on node0")
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("needs root (network namespaces)")

@@ -12,9 +12,10 @@ has (docs/containers.md says more):
 * ``--ipc host`` (or ``--shm-size`` when the inventory asks for a private IPC namespace): NCCL's shared memory
   transport needs far more than the 64 MB ``/dev/shm`` a private namespace gets by default.
 * ``--ulimit memlock=-1``: RDMA registers (pins) memory; ``--ulimit stack=67108864``: NVIDIA's recommendation.
-* GPUs: only the run's (the plan's ``CUDA_VISIBLE_DEVICES``): ``--gpus "device=…"`` for docker with the NVIDIA
-  toolkit, CDI ``--device nvidia.com/gpu=N`` for podman; inside, they are numbered from 0 again, so the
-  container's ``CUDA_VISIBLE_DEVICES`` is ``0..n-1``.
+* GPUs: only the run's (the plan's ``CUDA_VISIBLE_DEVICES``: the physical indices chosen within the node's own
+  ``CUDA_VISIBLE_DEVICES``, or that value itself where it names MIG instances or UUIDs): docker with the NVIDIA
+  toolkit gets ``--gpus "device=…"``, podman CDI's ``--device nvidia.com/gpu=N``; inside, they are numbered
+  again starting at 0, so the container's ``CUDA_VISIBLE_DEVICES`` is ``0..n-1``.
 * ``--device /dev/infiniband`` and ``--cap-add IPC_LOCK`` on nodes with RDMA NICs: without the devices NCCL
   silently falls back to sockets.
 * ``--cap-add SYS_PTRACE``: py-spy can take a hung rank's stack.
@@ -30,11 +31,10 @@ Apptainer shares the host's network, IPC, devices and limits by default and keep
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
-
-from clusterrun.inventory.container import ContainerSettings, Runtime
+from clusterrun.facts.gpus import read_unlisted
+from clusterrun.inventory.container import ContainerSettings
+from clusterrun.inventory.kinds import Runtime
+from clusterrun.planfile import ContainerPlan, env_flags  # noqa: F401 - the container command's record
 
 #: Labels that mark a run's containers on a node (``rm -f --filter label=...`` removes them).
 RUN_LABEL, NODE_LABEL = "clusterrun.run", "clusterrun.node"
@@ -47,53 +47,14 @@ RUNTIME_SETTINGS = ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_RE
                     "DOCKER_CONFIG", "DOCKER_CONTEXT")
 
 
-@dataclass(frozen=True)
-class ContainerPlan:
-    """A node's container command, in parts: ``head``, one ``--env NAME`` per variable, ``options``, ``image``,
-    then torchrun's argv. The agent adds ``--env`` for the variables it sets itself (the stack hook's)."""
-
-    runtime: Runtime
-    image: str
-    head: tuple[str, ...]
-    env_names: tuple[str, ...]
-    options: tuple[str, ...]
-    labels: tuple[tuple[str, str], ...]
-    pull: str
-    env: tuple[tuple[str, str], ...] = ()  # values the container sees instead of the node's (CUDA_VISIBLE_DEVICES)
-    mounts: tuple[str, ...] = ()  # the inventory's SRC:DST[:ro] (in ``head`` too): sources checked before the start
-
-    def argv(self, command: Iterable[str] = ()) -> tuple[str, ...]:
-        return (*self.head, *env_flags(self.runtime, self.env_names), *self.options, self.image, *command)
-
-    def to_dict(self, command: Iterable[str] = ()) -> dict[str, Any]:
-        return {"runtime": self.runtime.value, "image": self.image, "head": list(self.head),
-                "env_names": list(self.env_names), "options": list(self.options),
-                "labels": dict(self.labels), "pull": self.pull, "env": dict(self.env), "mounts": list(self.mounts),
-                "argv": list(self.argv(command))}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ContainerPlan:
-        return cls(runtime=Runtime(data["runtime"]), image=data["image"], head=tuple(data["head"]),
-                   env_names=tuple(data.get("env_names") or ()), options=tuple(data.get("options") or ()),
-                   labels=tuple((data.get("labels") or {}).items()), pull=data.get("pull", "missing"),
-                   env=tuple((data.get("env") or {}).items()), mounts=tuple(data.get("mounts") or ()))
-
-
-def env_flags(runtime: Runtime, names: Iterable[str]) -> list[str]:
-    """``--env NAME`` for each name: the runtime takes the value from its own environment. Apptainer passes the
-    host's environment on by itself."""
-    if runtime is Runtime.apptainer:
-        return []
-    out: list[str] = []
-    for name in names:
-        out += ["--env", name]
-    return out
-
-
 def _gpus(env: dict[str, str], gpus: tuple[int, ...]) -> list[str]:
+    """The GPUs the container gets: those the plan's CUDA_VISIBLE_DEVICES names (physical indices, or the node's
+    own value where it names MIG instances or UUIDs), read as CUDA reads it (up to ``-1`` or a word that names no
+    GPU); the node's GPU list where it is not set."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [g.strip() for g in visible.split(",") if g.strip()]
+        indices, names = read_unlisted(visible)
+        return [str(i) for i in indices] or list(names)
     return [str(g) for g in gpus]
 
 

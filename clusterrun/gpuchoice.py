@@ -1,9 +1,11 @@
 """Which GPUs of a node a run takes, and the CPUs each of its ranks is bound to. Pure.
 
 A GPU list the user gave (inventory ``gpus``, ``--gpus``) is used as given, within what the node allows; a
-listed GPU that another run holds, or that is busy, is refused before anything starts. Without a list the run
-takes idle GPUs only (never one another run holds); when it needs fewer than the node has, the set with the
-best links: one NVLink island, else one PCIe switch, else one NUMA node (lowest indices on a tie). Reasons, in
+listed GPU that another run holds, or that is busy, is refused before anything starts. Without a list and
+without a process count the run takes every GPU the node allows, one process each, and refuses (naming each
+busy or held GPU and the ways out) rather than run fewer: the world size is what the user asked for. With a
+process count it takes idle GPUs only (never one another run holds); when it needs fewer than the node has, the
+set with the best links: one NVLink island, else one PCIe switch, else one NUMA node (lowest indices on a tie). Reasons, in
 docs/gpus.md: one busy GPU slows every rank of a synchronous job; a set split across sockets pays the CPU
 interconnect on every transfer between them, and its ranks' memory sits on the far socket.
 
@@ -18,14 +20,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from clusterrun.facts.gpus import GpuUse, NodeGpus, span
+from clusterrun.facts.gpus import ALLOW_BUSY_FLAG, NPROC_FLAG, GpuUse, NodeGpus, span, whole_node
 from clusterrun.facts.parsers.topo import Device, LinkKind, Topology
 
 #: A GPU with more of its memory in use than this (by processes nvidia-smi may not list: another container's)
 #: is busy; so is one with any compute process not of this run, or this busy.
 BUSY_MEMORY_MIB = 1024
 BUSY_UTILIZATION_PCT = 50
-ALLOW_BUSY_FLAG = "--allow-busy-gpus"
 #: Past this many candidate sets the best one is found greedily (by island and NUMA node) instead of by trying all.
 MAX_SETS = 20000
 
@@ -190,41 +191,81 @@ def _left_out(reasons: Mapping[int, str], chosen: Sequence[int]) -> str:
     return f"; left out: {'; '.join(skipped)}" if skipped else ""
 
 
-def choose(facts: NodeGpus, *, listed: Sequence[int] = (), count: int | None = None,
-           held: Mapping[int, str] | None = None, run_id: str = "", allow_busy: bool = False,
-           networked: bool = False) -> GpuChoice:
-    """The GPUs a run takes on the node ``facts`` describes.
-
-    ``listed``: the GPUs the user gave (used as given); ``count``: the processes wanted (None: one per idle GPU);
-    ``held``: GPU index -> the run that holds its lease (never taken); ``run_id``: this run (its own processes
-    do not make a GPU busy); ``allow_busy``: take busy GPUs too (``--allow-busy-gpus``); ``networked``: the
-    ranks talk to other nodes (a rank whose nearest NIC is across the sockets is warned of).
-
-    Raises :class:`GpuRefused` naming the GPU and why: a listed GPU the node does not offer, another run holds,
-    or that is busy (without ``allow_busy``); fewer usable GPUs than ``count``.
-    """
-    node, held = facts.node, held or {}
-    warnings = list(facts.problems)
-    if facts.mig:
-        if listed:
-            raise GpuRefused(node, f"gpus {span(listed)} are listed, but the node's CUDA_VISIBLE_DEVICES names MIG "
-                                   f"instances ({facts.visible}); leave the GPU list out to run on them")
-        need = count or len(facts.mig)
-        if need > len(facts.mig):
-            raise GpuRefused(node, f"{need} processes need as many GPUs, but the node's CUDA_VISIBLE_DEVICES names "
-                                   f"{len(facts.mig)} MIG instance(s)")
-        return GpuChoice(node, (), f"{node}: the node's CUDA_VISIBLE_DEVICES names {len(facts.mig)} MIG instance(s): "
-                                   f"{need} process(es), CUDA_VISIBLE_DEVICES as the node sets it", tuple(warnings),
-                         node_env=True)
-    offered = facts.offered
+def _reasons(facts: NodeGpus, held: Mapping[int, str], run_id: str) -> dict[int, str]:
+    """Each GPU the node offers that another run holds or that is busy: why."""
     reasons: dict[int, str] = {}
-    for index in offered:
+    for index in facts.offered:
         gpu = facts.gpu(index)
         why = f"held by {held[index]}" if index in held else (busy(gpu, run_id) if gpu is not None else None)
         if why:
             reasons[index] = why
+    return reasons
+
+
+def idle_count(facts: NodeGpus, held: Mapping[int, str] | None = None, run_id: str = "") -> int:
+    """How many GPUs the node offers that are idle and that no other run holds: the most ``--nproc-per-node`` may
+    ask of it."""
+    if facts.node_env:
+        return len(facts.mig or facts.names)
+    return len(facts.offered) - len(_reasons(facts, held or {}, run_id))
+
+
+def _kept(facts: NodeGpus, listed: Sequence[int], count: int | None, warnings: list[str]) -> GpuChoice:
+    """The node's CUDA_VISIBLE_DEVICES names GPUs that cannot be numbered: it is kept as the node sets it."""
+    node, kept = facts.node, facts.mig or facts.names
+    what = (f"{len(kept)} MIG instance(s)" if facts.mig
+            else f"{len(kept)} GPU(s) by UUID, which cannot be numbered without nvidia-smi's list")
+    if listed:
+        named = "MIG instances" if facts.mig else "GPUs by UUID, which cannot be numbered without nvidia-smi's list"
+        raise GpuRefused(node, f"gpus {span(listed)} are listed, but the node's CUDA_VISIBLE_DEVICES names {named} "
+                               f"({facts.visible}); leave the GPU list out to run on them")
+    need = count or len(kept)
+    if need > len(kept):
+        raise GpuRefused(node, f"{need} processes need as many GPUs, but the node's CUDA_VISIBLE_DEVICES names {what}")
+    return GpuChoice(node, (), f"{node}: the node's CUDA_VISIBLE_DEVICES names {what}: {need} process(es), "
+                               "CUDA_VISIBLE_DEVICES as the node sets it", tuple(warnings), node_env=True)
+
+
+def _whole_node(facts: NodeGpus, reasons: Mapping[int, str], held: Mapping[int, str], allow_busy: bool,
+                fewest_idle: int | None) -> tuple[int, ...]:
+    """Without a process count: every GPU the node offers, one process each; raises :class:`GpuRefused` where one
+    of them is busy (without ``allow_busy``) or held, naming each with both ways out."""
+    offered = facts.offered
+    in_way = [i for i in offered if i in reasons and (i in held or not allow_busy)]
+    if in_way:
+        busy_ones = [i for i in in_way if i not in held]
+        idle = len(offered) - len(reasons)
+        raise GpuRefused(facts.node, whole_node(offered, [f"GPU {i} is {reasons[i]}" for i in in_way],
+                                                idle if fewest_idle is None else min(idle, fewest_idle),
+                                                busy=bool(busy_ones), leased=len(busy_ones) < len(in_way)),
+                         leased=not busy_ones)
+    return tuple(offered)
+
+
+def choose(facts: NodeGpus, *, listed: Sequence[int] = (), count: int | None = None,
+           held: Mapping[int, str] | None = None, run_id: str = "", allow_busy: bool = False,
+           networked: bool = False, fewest_idle: int | None = None) -> GpuChoice:
+    """The GPUs a run takes on the node ``facts`` describes.
+
+    ``listed``: the GPUs the user gave (used as given); ``count``: the processes wanted (None: one per GPU the
+    node offers); ``held``: GPU index -> the run that holds its lease (never taken); ``run_id``: this run (its own
+    processes do not make a GPU busy); ``allow_busy``: take busy GPUs too (``--allow-busy-gpus``); ``networked``:
+    the ranks talk to other nodes (a rank whose nearest NIC is across the sockets is warned of); ``fewest_idle``:
+    the fewest idle GPUs of any node of the run (what a refusal suggests for ``--nproc-per-node``).
+
+    Raises :class:`GpuRefused` naming the GPU and why: a listed GPU the node does not offer, another run holds,
+    or that is busy (without ``allow_busy``); without a count, any GPU the node offers that is held or busy (the
+    world size is never cut); fewer usable GPUs than ``count``.
+    """
+    node, held = facts.node, held or {}
+    warnings = list(facts.problems)
+    if facts.node_env:
+        return _kept(facts, listed, count, warnings)
+    offered = facts.offered
+    reasons = _reasons(facts, held, run_id)
     where = (f"the node's CUDA_VISIBLE_DEVICES={facts.visible} allows GPUs {span(offered) or 'none'}"
              if facts.allowed is not None else f"nvidia-smi lists GPUs {span(facts.indices)}")
+    unread = "" if facts.gpus else ("; no nvidia-smi there" if not facts.smi else "; nvidia-smi could not list the GPUs")
     note: str | None = None
     if listed:
         for index in listed:
@@ -240,42 +281,54 @@ def choose(facts: NodeGpus, *, listed: Sequence[int] = (), count: int | None = N
         warnings += [f"{node}: GPU {i} is {reasons[i]}; used anyway ({ALLOW_BUSY_FLAG})" for i in taken]
         chosen = tuple(listed)
     else:
-        idle = [i for i in offered if i not in reasons]
-        usable = [i for i in offered if i not in reasons or (allow_busy and i not in held)]
-        need = len(usable) if count is None else count
         if not offered:
             return GpuChoice(node, (), f"{node}: {where}: CPU processes", tuple(warnings))
-        if need == 0 or need > len(usable):
-            others = "; ".join(f"GPU {i} {why}" for i, why in sorted(reasons.items()))
-            fixes = [f"{ALLOW_BUSY_FLAG} takes busy ones too" if not allow_busy and len(usable) < len(offered)
-                     - len([i for i in offered if i in held]) else "",
-                     "ask for fewer processes (--nproc-per-node)" if count and usable else ""]
-            wanted = f"{need} GPU(s) needed" if need else "no idle GPU"
-            # Only leases in the way: enough GPUs would be usable once the runs holding them end.
-            leased = bool(need) and need <= len([i for i in offered if i in held or i in usable])
-            raise GpuRefused(node, f"{wanted}, {len(idle)} of {len(offered)} idle ({others}); "
-                                   + (", or ".join(w for w in fixes if w) or "wait for them or list other GPUs"),
-                             leased=leased)
-        if need == len(usable):
-            chosen = tuple(usable)
-            if count is not None:
-                note = f"{node}: GPUs {span(chosen)} for {need} process(es)"
-            elif len(chosen) < len(offered):
-                note = f"{node}: {len(chosen)} idle GPU(s) of {len(offered)}, one process each (gpus: {span(chosen)})"
-            else:
-                note = f"{node}: {len(chosen)} GPU(s) seen, one process each (gpus: {span(chosen)})"
+        if count is None:
+            chosen = _whole_node(facts, reasons, held, allow_busy, fewest_idle)
+            warnings += [f"{node}: GPU {i} is {reasons[i]}; used anyway ({ALLOW_BUSY_FLAG})" for i in chosen
+                         if i in reasons]
+            note = f"{node}: {len(chosen)} GPU(s) {'allowed' if unread else 'seen'}, one process each (gpus: {span(chosen)})"
         else:
-            try:
-                chosen, why = best_set(facts.topology, usable, need) if facts.topology else (tuple(usable[:need]), "")
-            except KeyError as exc:  # the matrix lacks a GPU nvidia-smi lists
-                warnings.append(f"{node}: nvidia-smi topo -m has no {exc.args[0]}: GPUs taken in index order")
-                chosen, why = tuple(usable[:need]), ""
-            if not why:
-                why = "the first idle ones" + ("" if facts.topology else " (the topology is not known)")
-            note = f"{node}: GPUs {span(chosen)} for {need} process(es): {why}"
+            chosen, note = _best(facts, reasons, held, allow_busy, count, where, warnings)
         if facts.allowed is not None:
-            note += f" (the node's CUDA_VISIBLE_DEVICES={facts.visible})"
+            note += f" (the node's CUDA_VISIBLE_DEVICES={facts.visible}" + (
+                f"{unread}: its GPUs as it numbers them, not renumbered)" if unread else ")")
         note += _left_out(reasons, chosen)
     if networked:
         warnings += _nic_warnings(node, facts.topology, chosen)
     return GpuChoice(node, chosen, note, tuple(warnings), tuple(binding(facts.topology, i) for i in chosen))
+
+
+def _best(facts: NodeGpus, reasons: Mapping[int, str], held: Mapping[int, str], allow_busy: bool, need: int,
+          where: str, warnings: list[str]) -> tuple[tuple[int, ...], str]:
+    """``need`` GPUs of those the node offers, idle ones only (busy ones too with ``allow_busy``, never held
+    ones), the best-linked set; and the line that says which and why. Raises :class:`GpuRefused` when too few."""
+    node, offered = facts.node, facts.offered
+    idle = [i for i in offered if i not in reasons]
+    usable = [i for i in offered if i not in reasons or (allow_busy and i not in held)]
+    if need == 0 or need > len(usable):
+        others = "; ".join(f"GPU {i} {why}" for i, why in sorted(reasons.items())) or where
+        fixes = [f"{ALLOW_BUSY_FLAG} takes busy ones too" if not allow_busy and len(usable) < len(offered)
+                 - len([i for i in offered if i in held]) else "",
+                 f"ask for fewer processes ({NPROC_FLAG})" if usable else ""]
+        # Only leases in the way: enough GPUs would be usable once the runs holding them end.
+        leased = bool(need) and need <= len([i for i in offered if i in held or i in usable])
+        raise GpuRefused(node, f"{need} GPU(s) needed, {len(idle)} of {len(offered)} idle ({others}); "
+                               + (", or ".join(w for w in fixes if w) or "wait for them or list other GPUs"),
+                         leased=leased)
+    if need == len(usable):
+        chosen = tuple(usable)
+        return chosen, f"{node}: GPUs {span(chosen)} for {need} process(es)"
+    why = ""
+    if facts.topology:
+        try:
+            chosen, why = best_set(facts.topology, usable, need)
+        except KeyError as exc:  # the matrix lacks a GPU nvidia-smi lists
+            warnings.append(f"{node}: nvidia-smi topo -m has no {exc.args[0]}: GPUs taken in index order")
+            chosen = tuple(usable[:need])
+    else:
+        chosen = tuple(usable[:need])
+    if not why:
+        why = ("the first idle ones" + ("" if facts.topology else " (the topology is not known)") if facts.gpus
+               else "the first the node allows, in its order")
+    return chosen, f"{node}: GPUs {span(chosen)} for {need} process(es): {why}"

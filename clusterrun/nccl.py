@@ -4,6 +4,9 @@ Each rule has a name, the reason it exists (shown by ``clusterrun plan`` and in
 docs/network.md), and a function from the node's context to the variables it sets.
 Nothing here hides a problem: no rule disables P2P or shared memory, and a GID index
 is only set when the inventory names one.
+
+A rule marked ``host_derived`` reads the inventory's hosts (their GPUs, NICs and HCAs): what it sets is true on
+those hosts only, so a job exported to run elsewhere (Kubernetes pods) leaves it out (:mod:`clusterrun.export`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class EnvRule:
     name: str
     reason: str
     apply: Callable[[RuleContext], dict[str, str]]
+    host_derived: bool  # its values describe the inventory's hosts: not true where the pods run
 
 
 def _rdma_nics(node: Node) -> list[Nic]:
@@ -65,6 +69,7 @@ RULES: tuple[EnvRule, ...] = (
         "cuda-visible-devices",
         "the node contributes exactly the GPUs listed in the inventory; torchrun's local ranks map onto them in order",
         _cuda_visible,
+        host_derived=True,
     ),
     EnvRule(
         "socket-ifname",
@@ -72,17 +77,20 @@ RULES: tuple[EnvRule, ...] = (
         "fail or hang, and the management NIC makes training silently slow. Pinned per node, because NIC names "
         "differ between machines",
         _socket_ifname,
+        host_derived=True,
     ),
     EnvRule(
         "ib-hca",
         "use exactly the RDMA ports listed in the inventory ('=' = exact names, ':1' = port); a node with NICs listed "
         "but none RDMA gets NCCL_IB_DISABLE=1 so NCCL does not probe stray RDMA devices",
         _ib_hca,
+        host_derived=True,
     ),
     EnvRule(
         "ib-gid-index",
         "RoCE needs the GID index of the RoCE v2 address; set only when the inventory gives it (a wrong index hangs)",
         _gid_index,
+        host_derived=True,
     ),
 )
 

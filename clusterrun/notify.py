@@ -26,6 +26,22 @@ class Delivery:
     event: str
     ok: bool | None = None  # None while on its way
     error: str | None = None
+    body: bytes = b""  # the document, to send again from elsewhere (a detached run's: see ``pending``)
+
+
+def pending(missed: Sequence[Delivery]) -> list[dict[str, Any]]:
+    """Deliveries that did not go out, as a detached run's supervisor keeps them for this machine to send
+    (compute nodes often have no route out): url, event, why, the document."""
+    return [{"url": d.url, "event": d.event, "error": d.error or "still on its way", "body": d.body.decode()}
+            for d in missed]
+
+
+def send_now(url: str, body: bytes, timeout: float = POST_TIMEOUT) -> str | None:
+    """POST one document and wait for it: None when it was taken, else why not."""
+    notifier = Notifier([url], timeout)
+    delivery = Delivery(url, "", body=body)
+    notifier._post(delivery, body)
+    return None if delivery.ok else (delivery.error or "not taken")
 
 
 @dataclass
@@ -43,7 +59,7 @@ class Notifier:
 
         body = json.dumps({"text": text, "event": event, "time": time.time(), **fields}, default=str).encode()
         for url in self.urls:
-            delivery = Delivery(url, event)
+            delivery = Delivery(url, event, body=body)
             self.deliveries.append(delivery)
             thread = threading.Thread(target=self._post, args=(delivery, body), daemon=True, name="notify")
             thread.start()

@@ -23,7 +23,8 @@ Shaping is a tbf qdisc on each node NIC's egress, so node-to-node and node-to-ro
 sender; root-to-node traffic is not shaped.
 
 Each node runs ``/usr/sbin/sshd -D`` inside ``ip netns exec NS unshare --uts --mount``: its own hostname
-(``node<i>``) and bind mounts over /etc/hosts, /etc/resolv.conf, /root/.bashrc (empty) and the login
+(``node<i>``) and bind mounts over /etc/hosts (every node's names; localhost only with ``names_resolve=False``),
+/etc/resolv.conf (a name server that refuses at once), /root/.bashrc (empty) and the login
 records (/var/log/wtmp, ...), everything else shared with the host, so ``sys.executable`` and the installed
 packages work on every node. Commands run through :meth:`SimCluster.ns_run` see the same view.
 
@@ -219,6 +220,7 @@ class SimCluster:
         data_rate: str = "2gbit",
         data_nic_names: list[str] | None = None,
         mtu: int = 1500,
+        names_resolve: bool = True,
     ) -> None:
         if not 1 <= n_nodes <= MAX_NODES:
             raise ValueError(f"n_nodes must be between 1 and {MAX_NODES}, got {n_nodes}")
@@ -236,6 +238,9 @@ class SimCluster:
         self.mgmt_rate = mgmt_rate
         self.data_rate = data_rate
         self.mtu = mtu
+        # False: each node's /etc/hosts names localhost only, so no node name (its own included) resolves
+        # anywhere in the cluster, as on machines without DNS; ssh still reaches nodes through ssh_config.
+        self.names_resolve = names_resolve
         self._data_nics = data_nics
         self.prefix = "crs" + secrets.token_hex(2)
         self.nodes: list[SimNode] = []
@@ -440,7 +445,7 @@ class SimCluster:
         )
         self.ssh_config.write_text("\n".join(blocks))
         hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
-        for node in self.nodes:
+        for node in self.nodes if self.names_resolve else ():
             hosts += [f"{node.mgmt_ip} {node.name}", f"{node.data_ip} {node.name}-data"]
         # the node has no name server: fail lookups at once instead of hanging on the host's one
         resolv = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"

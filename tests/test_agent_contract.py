@@ -75,12 +75,14 @@ def test_a_watch_without_interval_gets_the_supervisors_interval_and_dead_after()
 
 def test_the_spec_clusterrun_builds_is_the_spec_the_node_runs(tmp_path: Path) -> None:
     built = specs.run_spec(_node(tmp_path), "r1", grace=3.0, heartbeat_timeout=15.0, stage=[("a", "b", "file")],
-                           script_args=1, stacks=True, flight=True, load_every=3.0, watch_interval=0.5)
+                           script_args=1, stacks=True, flight=True, load_every=3.0, watch_interval=0.5,
+                           sample_every=1.0)
     assert protocol.decode_spec(protocol.RUN, protocol.encode_spec(built)) == built  # nothing added, nothing lost
     assert built["watch"] == {"address": "10.0.0.1", "nic": "eth1", "interval": 0.5, "dead_after": 5.0}
     assert built["stacks"]["flight"] is True and built["stacks"]["hook"] == remote.source("stackhook")
     plain = specs.run_spec(_node(tmp_path), "r1", grace=3.0, heartbeat_timeout=15.0)
-    assert (plain["watch"], plain["stacks"], plain["load_every"]) == (None, None, 0.0)
+    assert (plain["watch"], plain["stacks"], plain["load_every"], plain["sample_every"]) == (None, None, 0.0, 0.0)
+    assert built["sample_every"] == 1.0
 
 
 def test_every_mode_is_started_with_its_spec_on_stdin_never_in_argv(tmp_path: Path) -> None:

@@ -111,6 +111,34 @@ def test_without_v_a_down_roce_netdev_fails_the_port() -> None:
 
 
 @pytest.mark.parametrize(
+    ("output", "verdict", "summary"),
+    [
+        (MIXED, Verdict.warned, "gpu03: mlx5_2 port 1 exists (link layer unknown; ibdev2netdev: ens6 Up) but its state "
+                                "could not be read: ibstat is not installed, ibv_devinfo is not installed, ibdev2netdev "
+                                "shows no port state for it (`ibdev2netdev -v` does)"),
+        (MIXED_V, Verdict.passed, "gpu03: mlx5_2 port 1 is ACTIVE (physical state not shown, Ethernet)"),
+    ],
+    ids=["plain", "verbose"],
+)
+def test_a_port_ibdev2netdev_lists_is_never_reported_missing(output: str, verdict: Verdict, summary: str) -> None:
+    # The only RDMA source is ibdev2netdev (no ibstat, no ibv_devinfo, no /sys listing). Its plain form lists the
+    # port and its netdev but not the port's state: the port exists, its state is unknown (it was once reported as
+    # "mlx5_2 has no port 1 (ports: 1)").
+    finding, *rest = run("ib.port", {"nics": [nic("ens6", "mlx5_2")]}, facts("gpu03", **TOOLS_MISSING,
+                                                                              ibdev2netdev=output))
+
+    assert (finding.verdict, finding.summary, finding.subject) == (verdict, summary, "mlx5_2/1")
+    assert [e.command for e in finding.evidence] == [SECTIONS["ibdev2netdev"]]
+    if verdict is Verdict.warned:
+        assert finding.data["source"] == "ibdev2netdev" and "infiniband-diags" in (finding.hint or "")
+        assert rest == []  # ens6 is Up: nothing more to say
+    # a port it does not list is still missing, named with what it lists
+    (missing, *_) = run("ib.port", {"nics": [nic("ens6", "mlx5_2", port=2)]}, facts("gpu03", **TOOLS_MISSING,
+                                                                                      ibdev2netdev=output))
+    assert (missing.verdict, missing.summary) == (Verdict.failed, "gpu03: mlx5_2 has no port 2 (ports: 1)")
+
+
+@pytest.mark.parametrize(
     ("ip", "expected"),
     [
         ("10.10.0.5/24", ["gpu03: the IPoIB interface ibp26s0 of mlx5_0 port 1 is Down (ibdev2netdev), so 10.10.0.5 "

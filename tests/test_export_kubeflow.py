@@ -204,12 +204,67 @@ def test_device_names_and_per_node_values_are_left_out_and_listed(kind: str) -> 
     validate(kind, doc)
     for container in containers(kind, doc):
         names = {e["name"] for e in container["env"]}
-        assert names == {"NCCL_IB_DISABLE", "NCCL_DEBUG"}
+        assert names == {"NCCL_DEBUG"}  # the inventory's own env; what clusterrun derived from the hosts stays out
         assert not names & DEVICE_VARS
-    header = [line for line in text.splitlines() if line.startswith("#")]
-    joined = " ".join(line.lstrip("# -") for line in header)
-    assert "per-node NIC pinning, NCCL_SOCKET_IFNAME (gpu-a: =ens2f0, gpu-b: =enp65s0f0)" in joined
+    joined = comments(text)
+    assert "NCCL_SOCKET_IFNAME (gpu-a: =ens2f0, gpu-b: =enp65s0f0), GLOO_SOCKET_IFNAME (gpu-a: ens2f0, " \
+           "gpu-b: enp65s0f0), NCCL_IB_DISABLE=1: derived by clusterrun from the SSH inventory's hosts" in joined
     assert "CUDA_VISIBLE_DEVICES" in joined and "--hang-timeout" in joined and "data paths" in joined
+
+
+def comments(text: str) -> str:
+    """The document's comment header as one line (wrapped lines joined)."""
+    return " ".join(line.lstrip("# -") for line in text.splitlines() if line.startswith("#"))
+
+
+#: What clusterrun's rules derive from the hosts' NICs and HCAs, by inventory: true on those hosts, not in pods.
+HOST_SETTINGS = {
+    "two-node-ethernet.yaml": {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE"},
+    "four-node-infiniband.yaml": {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA"},
+}
+
+
+@pytest.mark.parametrize("kind", list(EXPORTS))
+@pytest.mark.parametrize("inventory", list(HOST_SETTINGS))
+def test_settings_derived_from_the_hosts_stay_out_of_the_pods_and_the_comment_says_how_to_set_them(
+        kind: str, inventory: str) -> None:
+    inv, plan = build_job(ROOT / "inventories" / inventory, TRAIN, (), module=False, nproc_per_node=None,
+                          master_port=None, env=(), runs_dir=Path("runs"))
+    derived = HOST_SETTINGS[inventory]
+    # `up` sets them on every node: the hosts have these NICs and HCAs
+    assert all(derived <= set(node.env_dict()) for node in plan.nodes)
+    text, doc = export(kind, inv, plan)
+    validate(kind, doc)
+    for container in containers(kind, doc):
+        names = {e["name"] for e in container.get("env", [])}
+        assert not names & {"NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "GLOO_SOCKET_IFNAME"}
+    joined = comments(text)
+    first = plan.nodes[0].env_dict()
+    for name in derived:  # named with the hosts' value, why it is left out, and how to find the pods' own
+        value = first[name]
+        assert f"{name}={value}" in joined or f"{name} ({plan.nodes[0].name}: {value}," in joined
+        assert f"{name} for the pods: " in joined
+    assert "derived by clusterrun from the SSH inventory's hosts (their NICs and HCAs), and the pods' network " \
+           "and HCAs are others" in joined
+    assert ("NCCL_IB_DISABLE=1 from hosts without RDMA would make NCCL use TCP on an InfiniBand cluster" in joined) \
+        is ("NCCL_IB_DISABLE" in derived)
+    assert "NCCL_IB_HCA==mlx5_0:1,mlx5_1:1" in joined or "NCCL_IB_HCA" not in derived
+
+
+@pytest.mark.parametrize("kind", list(EXPORTS))
+def test_the_users_own_nccl_settings_still_go_into_the_pods(kind: str) -> None:
+    # --env overrides the rule's NCCL_IB_DISABLE=1: the user's value is meant for wherever the job runs
+    inv, plan = build_job(ROOT / "inventories" / "two-node-ethernet.yaml", TRAIN, (), module=False,
+                          nproc_per_node=None, master_port=None, runs_dir=Path("runs"),
+                          env=("NCCL_IB_DISABLE=0", "NCCL_NET_GDR_LEVEL=PHB"))
+    text, doc = export(kind, inv, plan)
+    validate(kind, doc)
+    for container in containers(kind, doc):
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env == {"NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "PHB"}
+    joined = comments(text)
+    assert "NCCL_IB_DISABLE=1" not in joined and "NCCL_IB_DISABLE for the pods" not in joined
+    assert "NCCL_SOCKET_IFNAME (gpu-a: =ens2f0" in joined  # the rules' other settings are still left out
 
 
 @pytest.mark.parametrize("kind", list(EXPORTS))

@@ -187,6 +187,18 @@ def test_values_slurm_would_refuse_are_usage_errors(field: str, value: str) -> N
         SbatchOptions(**options)
 
 
+@pytest.mark.parametrize(("inventory", "exports"), [
+    ("two-node-ethernet.yaml", ["export NCCL_IB_DISABLE=1"]),
+    ("four-node-infiniband.yaml", ["export NCCL_SOCKET_IFNAME==ib0", "export GLOO_SOCKET_IFNAME=ib0",
+                                   "export NCCL_IB_HCA==mlx5_0:1,mlx5_1:1"]),
+])
+def test_settings_derived_from_the_hosts_are_kept_the_script_runs_on_them(inventory: str, exports: list[str]) -> None:
+    # Unlike a Kubernetes export: Slurm runs the job on the inventory's hosts, where these settings are true.
+    lines = script_for(ROOT / "inventories" / inventory).splitlines()
+    assert all(line in lines for line in exports)
+    assert not any("pods" in line for line in lines)
+
+
 def test_secret_values_are_never_written_only_referenced(tmp_path: Path) -> None:
     text = script_for(None, ips="10.0.0.1,10.0.0.2", env=(f"HF_TOKEN={SECRET}", f"DB_PASSWORD={SECRET}x"))
     assert SECRET not in text

@@ -53,10 +53,25 @@ def test_four_ranks_take_the_idle_socket_of_an_nvlink_node_with_a_busy_gpu(smi: 
     assert choice.cpu_bind() == ";".join(["52-103/1"] * 4)
 
 
-def test_without_a_count_every_idle_gpu_gets_a_process(smi: Path) -> None:
-    choice = choose(h100x8(smi))
-    assert choice.gpus == (0, 2, 3, 4, 5, 6, 7)
-    assert choice.note is not None and choice.note.startswith("gpu01: 7 idle GPU(s) of 8, one process each (gpus: 0,2-7)")
+def test_without_a_count_a_busy_gpu_of_the_node_is_refused_never_left_out(smi: Path) -> None:
+    with pytest.raises(GpuRefused) as refused:
+        choose(h100x8(smi))
+    assert str(refused.value) == (
+        "gpu01: GPU 1 is busy: pid 3999999 /app/llama-server, 45652 MiB; without a process count the run takes every "
+        "GPU the node allows (0-7), one process each, and one busy GPU slows every rank of the job: "
+        "`--nproc-per-node 7` takes the 7 best idle GPUs on every node, or add --allow-busy-gpus to use busy GPUs "
+        "anyway")
+    assert not refused.value.leased  # waiting does not free a GPU someone else's process uses
+    # The suggested count is what every node of the run can give.
+    with pytest.raises(GpuRefused, match="`--nproc-per-node 5` takes the 5 best idle GPUs on every node"):
+        choose(h100x8(smi), fewest_idle=5)
+    # Both ways out: a count takes the best idle GPUs; --allow-busy-gpus runs on all eight, with a warning.
+    assert choose(h100x8(smi), count=7).gpus == (0, 2, 3, 4, 5, 6, 7)
+    anyway = choose(h100x8(smi), allow_busy=True)
+    assert anyway.gpus == tuple(range(8))
+    assert anyway.note is not None and anyway.note.startswith("gpu01: 8 GPU(s) seen, one process each (gpus: 0-7)")
+    assert anyway.warnings == ("gpu01: GPU 1 is busy: pid 3999999 /app/llama-server, 45652 MiB; used anyway "
+                               "(--allow-busy-gpus)",)
 
 
 def test_the_nodes_cuda_visible_devices_gives_physical_gpus(smi: Path) -> None:
@@ -96,6 +111,18 @@ def test_held_gpus_are_never_taken_and_a_listed_one_names_its_holder(smi: Path) 
         choose(facts, listed=[5], held={5: HELD}, allow_busy=True)
 
 
+def test_without_a_count_a_gpu_another_run_holds_refuses_and_may_be_waited_for() -> None:
+    facts = idle_node("8gpu_a100_nv12.txt", 8)
+    with pytest.raises(GpuRefused) as refused:
+        choose(facts, held={4: HELD}, allow_busy=True)  # --allow-busy-gpus never takes another run's GPU
+    assert refused.value.leased
+    assert refused.value.reason == (
+        f"GPU 4 is held by {HELD}; two runs never share a GPU, and without a process count the run takes every GPU "
+        "the node allows (0-7), one process each: `--nproc-per-node 7` takes the 7 best idle GPUs on every node, or "
+        "`up --wait-gpus` waits until they are free")
+    assert choose(facts, held={4: HELD}, count=4).gpus == (0, 1, 2, 3)
+
+
 def test_too_few_idle_gpus_is_refused_with_what_each_other_is_doing(smi: Path) -> None:
     with pytest.raises(GpuRefused) as refused:
         choose(h100x8(smi), count=8)
@@ -109,10 +136,14 @@ def test_a_node_with_no_idle_gpu_says_what_each_is_doing() -> None:
     facts = idle_node("4gpu_pcie_nic_legend.txt", 2)
     facts = NodeGpus(facts.node, tuple(GpuUse(g.index, g.uuid, g.name, 70000, 81920, 99) for g in facts.gpus),
                      topology=facts.topology)
-    with pytest.raises(GpuRefused, match=r"^gpu02: no idle GPU, 0 of 2 idle \(GPU 0 busy: 70000 of 81920 MiB in use by "
-                                         r"processes nvidia-smi does not list; GPU 1 busy: .*\); --allow-busy-gpus "
-                                         r"takes busy ones too$"):
+    with pytest.raises(GpuRefused, match=r"^gpu02: GPU 0 is busy: 70000 of 81920 MiB in use by processes nvidia-smi "
+                                         r"does not list; GPU 1 is busy: .*; without a process count the run takes "
+                                         r"every GPU the node allows \(0-1\), one process each, and one busy GPU slows "
+                                         r"every rank of the job: add --allow-busy-gpus to use busy GPUs anyway$"):
         choose(facts)
+    with pytest.raises(GpuRefused, match=r"^gpu02: 1 GPU\(s\) needed, 0 of 2 idle \(GPU 0 busy: .*\); "
+                                         r"--allow-busy-gpus takes busy ones too$"):
+        choose(facts, count=1)
 
 
 def test_a_run_does_not_count_its_own_processes_as_busy() -> None:

@@ -88,3 +88,19 @@ def test_a_busy_gpu_named_in_the_inventory_is_refused_before_anything_starts(sim
     assert ("node0: GPU 1 is busy: pid 3999999 /app/llama-server, 45652 MiB; one busy GPU slows every rank of the "
             "job: list idle GPUs, or add --allow-busy-gpus to use it anyway") in err
     assert not any((tmp_path / "runs").glob("*/node0/rank*.log"))
+
+
+def test_without_a_count_a_busy_gpu_refuses_the_start_instead_of_fewer_ranks(sim_cluster: SimCluster,
+                                                                             tmp_path: Path) -> None:
+    python = python_on_gpu_node(tmp_path, "h100x8_gpu0_busy")
+    rc, out, err = up_on(sim_cluster, tmp_path, python)
+    assert rc == 125 and not placed(out)
+    assert ("node0: GPU 0 is busy: pid 3999999 /app/llama-server, 45652 MiB; without a process count the run takes "
+            "every GPU the node allows (0-7), one process each, and one busy GPU slows every rank of the job: "
+            "`--nproc-per-node 7` takes the 7 best idle GPUs on every node, or add --allow-busy-gpus to use busy "
+            "GPUs anyway") in err
+    assert not any((tmp_path / "runs").glob("*/node0/rank*.log"))
+    # The first way out: a count takes the best idle GPUs (one NUMA node, GPU 0 left out).
+    rc, out, err = up_on(sim_cluster, tmp_path, python, "--nproc-per-node", "2")
+    assert rc == 0, err
+    assert {r["gpus"] for r in placed(out).values()} == {"1,2"}

@@ -142,27 +142,37 @@ nodes:
 HELD = {"gpu01": {1: "run r0 of bob since 17:00:03 (pid 42)"}, "gpu02": {0: "run r0 of bob since 17:00:03 (pid 43)"}}
 
 
+FOUR = {"gpu01": range(4), "gpu02": range(4)}
+
+
 def test_a_listed_gpu_another_run_holds_refuses_naming_the_holder() -> None:
     given = inv(TWO_NODES)
     completed = given.model_copy(update={"nodes": [given.nodes[0], given.nodes[1].model_copy(
         update={"gpus": [0, 1, 2, 3]})]})
-    _, lines, problems = spare_leased_gpus(given, completed, None, {"gpu01": 4, "gpu02": 4}, HELD)
+    _, lines, problems = spare_leased_gpus(given, completed, None, FOUR, HELD)
     assert problems["gpu01"].startswith("GPU 1 is leased by run r0 of bob since 17:00:03 (pid 42); list other GPUs")
-    assert "gpu02" not in problems  # not listed: it takes the free ones
-    assert lines == ["gpu02: GPU 0 is leased by run r0 of bob since 17:00:03 (pid 43); this run takes GPU(s) 1,2,3"]
+    # Not listed and no process count: every GPU of the node, so one another run holds refuses, never 3 ranks.
+    assert problems["gpu02"] == (
+        "GPU 0 is leased by run r0 of bob since 17:00:03 (pid 43); two runs never share a GPU, and without a process "
+        "count the run takes every GPU the node allows (0-3), one process each: `--nproc-per-node 3` takes the 3 best "
+        "idle GPUs on every node, or `up --wait-gpus` waits until they are free")
+    assert lines == []
 
 
 def test_unlisted_gpus_with_a_process_count_take_that_many_free_ones() -> None:
     given = inv(TWO_NODES)
-    out, _, problems = spare_leased_gpus(given, given, 2, {"gpu01": 2, "gpu02": 4}, {"gpu02": HELD["gpu02"]})
+    out, _, problems = spare_leased_gpus(given, given, 2, {"gpu01": range(2), "gpu02": range(4)},
+                                         {"gpu02": HELD["gpu02"]})
     assert not problems and out.node("gpu02").gpus == [1, 2]
-    out, _, problems = spare_leased_gpus(given, given, 4, {"gpu02": 4}, {"gpu02": HELD["gpu02"]})
+    out, _, problems = spare_leased_gpus(given, given, 2, {"gpu02": (2, 3, 5)}, {"gpu02": {2: "run r0"}})
+    assert not problems and out.node("gpu02").gpus == [3, 5]  # the node's own indices, never renumbered
+    out, _, problems = spare_leased_gpus(given, given, 4, {"gpu02": range(4)}, {"gpu02": HELD["gpu02"]})
     assert problems["gpu02"].startswith("4 GPU(s) needed, 3 of 4 free; GPU 0 is leased by run r0")
 
 
 def test_without_leases_a_process_count_above_the_gpus_is_left_as_given() -> None:
     given = inv(TWO_NODES)
-    out, lines, problems = spare_leased_gpus(given, given, 8, {"gpu02": 4}, {})
+    out, lines, problems = spare_leased_gpus(given, given, 8, {"gpu02": range(4)}, {})
     assert out is given and not lines and not problems
 
 

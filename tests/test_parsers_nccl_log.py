@@ -115,3 +115,81 @@ def test_unknown_device_list_raises() -> None:
         nccl_log.parse("ok\nnode:1:1 [0] NCCL INFO NET/IB : Using mlx5_0 port one\n")
 
     assert err.value.lineno == 2
+
+
+# -- NCCL before 2.4: "NET : Using interface" lines (real logs, tests/fixtures/real/nccl_log/SOURCE.md) ----------
+
+def socket(index: int, name: str, address: str) -> NetDevice:
+    return NetDevice(index, name, address=address)
+
+
+def test_old_ib_log_gives_the_ib_ports_and_the_sideband_interface_not_the_socket_transports() -> None:
+    # NVIDIA/nccl#147, NCCL 2.3.5: IB is used; the socket transport, set up after it, lists its one interface too
+    log = nccl_log.parse(fixture("info_old_ib_sideband_nccl_2_3.txt"))
+
+    assert (log.version, log.network, log.oob) == ("2.3.5+cuda9.0", "IB", "enp1s0f0:100.97.16.164")
+    assert log.devices == tuple(NetDevice(i, f"mlx5_{3 - i}", port=1, link="IB") for i in range(4))
+    assert (log.failures, log.nccl_lines) == ((), 10)  # the script's "Using device: 5" is not NCCL's
+
+
+@pytest.mark.parametrize(
+    ("name", "devices", "oob"),
+    [
+        # horovod/horovod#110, NCCL 2.3.5: a bridge and a bond with only an IPv6 link-local address
+        ("info_old_socket_ipv6_nccl_2_3.txt",
+         (socket(0, "br0", "10.9.22.45"), socket(1, "bond0", "fe80::ae1f:6bff:fe20:f588%bond0")), "br0:10.9.22.45"),
+        # horovod/horovod#67, NCCL 2.0: no "NCCL" in the lines; the sideband interface's run is not the socket one
+        ("info_oldest_socket_no_nccl_marker.txt",
+         (socket(0, "eno1", "192.168.12.50"), socket(1, "eno2", "192.168.255.229"), socket(2, "virbr0", "192.168.122.1"),
+          socket(3, "docker0", "10.1.23.1"), socket(4, "tunl0", "172.1.148.64")), "eno1:192.168.12.50"),
+        # horovod/horovod#98, NCCL 2.0: Markdown's ** around two lines, no IB at all
+        ("info_oldest_libibverbs_warn_markdown_bold.txt",
+         (socket(0, "enp30s0", "192.168.178.46"), socket(1, "docker0", "172.17.0.1"),
+          socket(2, "br-bb10fb5deea4", "172.18.0.1"), socket(3, "veth1316791", "fe80::6cfa:a5ff:fec7:3d3b%veth1316791"),
+          socket(4, "veth144f6e0", "fe80::60aa:ebff:fe04:af8f%veth144f6e0")), None),
+    ],
+    ids=["nccl-2.3-ipv6", "nccl-2.0-no-marker", "nccl-2.0-markdown"],
+)
+def test_old_socket_logs_give_every_interface_nccl_found(name: str, devices: tuple[NetDevice, ...],
+                                                         oob: str | None) -> None:
+    log = nccl_log.parse(fixture(name))
+
+    assert (log.network, log.devices, log.oob) == ("Socket", devices, oob)
+    assert log.nccl_lines == len(fixture(name).splitlines())  # each line is NCCL's, with "NCCL" in it or not
+    assert log.failures == ()  # NCCL 2.0's "WARN Failed to open libibverbs.so[.1]" is its fallback to sockets
+
+
+def test_old_socket_log_counts_its_ranks() -> None:
+    assert nccl_log.parse(fixture("info_old_socket_ipv6_nccl_2_3.txt")).nranks == 4
+
+
+def test_an_unknown_warning_in_nccl_2_0s_format_is_still_reported() -> None:
+    # the prefix of info_oldest_libibverbs_warn_markdown_bold.txt's first line with another (made-up) warning
+    line = "admin-pc:14733:14828 [1] misc/ibvwrap.cu:60 WARN Something NCCL 2.0 did not expect"
+
+    (finding,) = nccl_log.parse(line).failures
+
+    assert (finding.kind, finding.lineno, finding.line) == (FailureKind.OTHER_WARN, 1, line)
+
+
+def test_the_loopback_log_of_an_old_nccl_gives_its_three_socket_interfaces() -> None:
+    # horovod/horovod#584: read by clusterrun.facts.hints before; now the parser sees the same interfaces
+    log = nccl_log.parse(fixture("info_loopback_chosen_connect_timeout_old_nccl.txt"))
+
+    assert (log.network, [(d.name, d.address) for d in log.devices]) == (
+        "Socket", [("lo", "127.0.0.1"), ("eth0", "10.151.40.240"), ("eth1", "fe80::215:5dff:fe33:ff6d%eth1")])
+
+
+def test_an_ib_line_without_devices_names_the_oob_interface_and_lists_nothing() -> None:
+    # NVIDIA/nccl#2057, NCCL 2.29: no RDMA device ("NET/IB : Using [RO]; OOB ...") and "Bootstrap:" without a space
+    log = nccl_log.parse(fixture("info_ib_no_device_oob_nccl_2_29.txt"))
+
+    assert (log.version, log.network, log.devices, log.oob) == ("2.29.2+cuda12.8", None, (), "eth0:172.17.16.64")
+    assert log.failures == ()
+
+
+def test_bootstrap_without_a_space_before_the_colon_is_read() -> None:
+    # the second line of info_ib_no_device_oob_nccl_2_29.txt alone
+    line = fixture("info_ib_no_device_oob_nccl_2_29.txt").splitlines()[1]
+
+    assert nccl_log.parse(line).oob == "eth0:172.17.16.64"

@@ -46,6 +46,8 @@ def test_two_node_ethernet_example() -> None:
     assert b.argv[:3] == ("/opt/venvs/train/bin/python", "-m", "torch.distributed.run")
     assert arg(b.argv, "--node-rank") == "1" and arg(b.argv, "--nnodes") == "2"
     assert arg(b.argv, "--master-addr") == "10.10.0.21" and arg(b.argv, "--nproc-per-node") == "8"
+    # each torchrun is told its own node's data address: nothing is left to its host name (and DNS)
+    assert arg(a.argv, "--local-addr") == "10.10.0.21" and arg(b.argv, "--local-addr") == "10.10.0.22"
     assert b.argv[-3:] == ("~/.clusterrun/runs/r1/gpu-b/code/train.py", "--epochs", "3")
 
 
@@ -181,3 +183,11 @@ def test_sync_dir_keeps_the_script_path_inside_it() -> None:
     assert plan.nodes[1].script == "~/.clusterrun/runs/r1/gpu-b/code/src/train.py"
     outside = build_plan(inventory, job(script="/elsewhere/train.py", sync_dir="/home/me/proj"))
     assert outside.nodes[0].script == "~/.clusterrun/runs/r1/gpu-a/code/train.py"
+
+
+def test_one_node_tells_torchrun_its_loopback_address() -> None:
+    plan = build_plan(inv("""
+        nodes:
+          - {name: a, host: 10.0.0.1, gpus: 2}
+        """), job())
+    assert arg(plan.nodes[0].argv, "--local-addr") == "127.0.0.1" == plan.master_addr

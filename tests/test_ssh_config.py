@@ -1,16 +1,18 @@
 """ssh_config as OpenSSH reads it: Include, the system file, first value wins, Match, proxies, jump specs.
 
-Each test writes real config files under tmp_path (HOME points there, so ``~/.ssh`` is tmp_path/.ssh).
+Each test writes real config files under tmp_path (the password database's home and HOME point there, so
+``~/.ssh`` is tmp_path/.ssh; tests/test_ssh_user_home.py has the cases where the two homes differ).
 Tests taking ``reader`` run twice: with ``ssh`` on PATH (``ssh -G`` reads the config, the default wherever the
 client is installed) and with a PATH that lacks it (clusterrun's own reader). Tests taking ``builtin`` pin
-clusterrun's reader: they check its own messages, or rely on what only it does (``~`` from ``$HOME``, where
-``ssh`` takes the password database's home; ``$USER`` as the local user). Where the OpenSSH client is
+clusterrun's reader: they check its own messages, or rely on what only it sees (the home and user this file
+gives the password database in-process, where ``ssh`` reads the real one). Where the OpenSSH client is
 installed, ``ssh -G`` resolves the same files and the two must agree.
 """
 
 from __future__ import annotations
 
 import logging
+import pwd
 import shutil
 import subprocess
 import time
@@ -33,6 +35,7 @@ needs_ssh = pytest.mark.skipif(SSH is None, reason="the OpenSSH client is not in
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("USER", "me")
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: pwd.struct_passwd(("me", "x", uid, 0, "", str(tmp_path), "")))
     monkeypatch.delenv(ssh_resolve.READER_ENV, raising=False)
     (tmp_path / ".ssh").mkdir()
     return tmp_path
@@ -444,3 +447,26 @@ def test_percent_c_names_a_key_per_connection_as_openssh_hashes_it(home: Path, r
         out = subprocess.run([SSH, "-G", "-F", str(config), "x"], capture_output=True, text=True, timeout=20,
                              stdin=subprocess.DEVNULL, check=True).stdout
         assert f"controlpath /tmp/{digest}" in out.splitlines()
+
+
+def test_percent_percent_is_a_literal_percent_expanded_once_as_ssh_dash_g_prints_it(home: Path, reader: str) -> None:
+    config = write(home / "cfg", "Host gpu1\n    HostName 100%%h.%h\n"
+                                 f"    UserKnownHostsFile {home}/kh-%h-%%h\n")
+    t = target(config, "gpu1")
+    assert (t.hostname, t.known_hosts) == ("100%h.gpu1", (f"{home}/kh-100%h.gpu1-%h",))
+    if SSH:
+        out = subprocess.run([SSH, "-G", "-F", str(config), "gpu1"], capture_output=True, text=True, timeout=20,
+                             stdin=subprocess.DEVNULL, check=True).stdout.splitlines()
+        assert {f"hostname {t.hostname}", f"userknownhostsfile {t.known_hosts[0]}"} <= set(out)
+
+
+def test_identityfile_none_offers_no_key_file_not_even_the_default_ones(home: Path, reader: str) -> None:
+    default = home / ".ssh/id_ed25519"
+    default.write_text("")
+    (home / "k2").write_text("")
+    config = write(home / "cfg", "Host none1\n    IdentityFile none\nHost none2\n    IdentityFile NONE\n"
+                                 "    IdentityFile ~/k2\nHost missing\n    IdentityFile ~/absent\n")
+    assert target(config, "none1").identity_files == ()
+    assert target(config, "none2").identity_files == (str(home / "k2"),)
+    assert target(config, "missing").identity_files == ()  # as ssh: a listed key replaces the defaults, found or not
+    assert target(config, "other").identity_files == (str(default),)  # no IdentityFile: the default keys

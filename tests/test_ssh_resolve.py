@@ -8,6 +8,7 @@ hands every call to it.
 
 from __future__ import annotations
 
+import pwd
 import shutil
 from pathlib import Path
 
@@ -27,9 +28,11 @@ pytestmark = pytest.mark.skipif(SSH is None, reason="the OpenSSH client is not i
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """HOME in tmp_path; the reader as in real use (``ssh`` on PATH: ssh -G where a file needs it)."""
+    """HOME and the password database's home in tmp_path; the reader as in real use (``ssh`` on PATH: ssh -G
+    where a file needs it)."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("USER", "me")
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: pwd.struct_passwd(("me", "x", uid, 0, "", str(tmp_path), "")))
     monkeypatch.delenv(ssh_resolve.READER_ENV, raising=False)
     return tmp_path
 

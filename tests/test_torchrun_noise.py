@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.facts.torchrun_noise import HOLD_LINES, HOLD_SECONDS, NoiseFilter, Sorted
+from clusterrun.facts.torchrun_noise import HOLD_LINES, HOLD_SECONDS, LOOKUP_NOTE, NoiseFilter, Sorted, is_lookup_note
 from clusterrun.launch.console import Console
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "torchrun"
 BARRIER = (FIXTURES / "exit_barrier_node2_of_4.txt").read_text().splitlines()
+# c10d's reverse-lookup warning as this torchrun wrote it (on the simulated cluster, where no DNS server answers).
+LOOKUP = BARRIER[4]
 
 # The same block as torch's _exit_barrier logged it before torch 2.2 (logging's default format, the traceback
 # bare), from the text in torch/distributed/elastic/agent/server/api.py and utils/store.py.
@@ -108,8 +110,9 @@ def test_the_terminal_says_once_that_the_noise_is_kept_in_launcher_log() -> None
     con.tick(final=True)
     assert "Traceback" not in out.getvalue() and "frame #" not in out.getvalue()
     assert sum("*****" in line for line in out.getvalue().splitlines()) == 4  # each node's banner is shown
-    said = err.getvalue().splitlines()
-    assert len(said) == 1 and "exit-barrier" in said[0] and "launcher.log" in said[0] and "harmless" in said[0]
+    lookup, barrier = err.getvalue().splitlines()  # the recording holds c10d's reverse-lookup warning too
+    assert "exit-barrier" in barrier and "launcher.log" in barrier and "harmless" in barrier
+    assert lookup == f"clusterrun: node1: {LOOKUP_NOTE}"
 
 
 def test_a_held_block_is_shown_before_an_error_of_the_same_node() -> None:
@@ -128,3 +131,23 @@ def test_with_a_rank_filter_other_nodes_launcher_lines_are_not_shown_but_errors_
     con.node_line("node1", "torchrun could not start", [2, 3], error=True)
     con.tick(final=True)
     assert out.getvalue().splitlines() == ["[node0] banner of node0", "[node1] torchrun could not start"]
+
+
+def test_c10d_reverse_lookup_warning_is_recognised_alone_in_both_formats() -> None:
+    assert is_lookup_note(LOOKUP) and "socket.cpp" in LOOKUP
+    # torch before 2.2 (c10's log prefix without a time stamp), as in pytorch issue #85300's output
+    assert is_lookup_note("[W socket.cpp:464] [c10d] The hostname of the client socket cannot be retrieved. err=-3")
+    assert not is_lookup_note("REPORT {}" + LOOKUP)  # glued to a rank's own output (two writes): shown
+    assert not is_lookup_note(BARRIER[5])  # the store's warning is another matter
+
+
+def test_every_ranks_and_nodes_reverse_lookup_warning_is_said_once_as_harmless() -> None:
+    con, out, err = console()
+    for node, ranks in (("node0", (0, 1)), ("node1", (2, 3))):
+        con.node_line(node, LOOKUP, list(ranks), now=0.0)
+        for rank in ranks:
+            con.rank_output(node, rank, "stderr", f"{LOOKUP}\nrank {rank} up\n".encode())
+    con.tick(final=True)
+    assert out.getvalue().splitlines() == [f"[node{r // 2}:{r}] rank {r} up" for r in range(4)]
+    assert err.getvalue().splitlines() == [f"clusterrun: node0: {LOOKUP_NOTE}"]
+    assert "harmless" in LOOKUP_NOTE and "logs" in LOOKUP_NOTE

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clusterrun import remote
-from clusterrun.plan import CPU_BIND_VAR, NodePlan
+from clusterrun.planfile import CPU_BIND_VAR, NodePlan
 from clusterrun.remote import protocol
 from clusterrun.remote.warm import MODULE as TORCHRUN
 
@@ -34,13 +34,13 @@ def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: fl
              stage: Sequence[Sequence[str]] | None = None, detached: bool = False, script_args: int = 0,
              stacks: bool = False, flight: bool = False, load_every: float = 0.0,
              watch_interval: float | None = None,
-             watch_dead_after: float = protocol.WATCH_DEAD_AFTER) -> Spec:
+             watch_dead_after: float = protocol.WATCH_DEAD_AFTER, sample_every: float = 0.0) -> Spec:
     """``run`` (``go`` after ``prepare``): ``node``'s part of the job.
 
     ``script_args``: how many of the argv's last items are the script's own arguments (passed exactly as
     typed, never expanded); ``stacks``: the workers' stack hook (``flight``: with torch's flight recorder);
     ``load_every``: seconds between CPU reports (0: none); ``watch_interval``: the data-path watch on the node's
-    data address (None: no watch).
+    data address (None: no watch); ``sample_every``: seconds between the node's samples (0: none).
     """
     binds = CPU_BIND_VAR in node.env_dict()
     watch = None
@@ -63,6 +63,7 @@ def run_spec(node: NodePlan, run_id: str, *, grace: float, heartbeat_timeout: fl
         # The workers' hook: stacks (hang diagnosis, restarts), and the CPU binding of each rank.
         "stacks": {"hook": remote.source("stackhook"), "flight": flight} if stacks or binds else None,
         "load_every": load_every,
+        "sample_every": sample_every,
         "watch": watch,
         "gpus": list(node.gpus),
         "container": container_spec(node),
@@ -116,3 +117,10 @@ def sweep_spec(run_id: str, node: str, grace: float, container: Spec | None = No
 def ps_spec(run_id: str, node: str, container: Spec | None = None) -> Spec:
     """``ps``: list the processes of the run on ``node``."""
     return protocol.PS.fill({"run_id": run_id, "node": node, "container": container})
+
+
+def mirror_spec(run_id: str, node: str, folder: str, have: Mapping[str, int | str], stop: str | None = None) -> Spec:
+    """``mirror``: the record of a detached run in ``folder`` on its supervisor's node (``node``: the supervisor's
+    marker), its log files past ``have`` (bytes), its other files unless ``have`` holds their digest; ``stop``: who asks
+    the run to stop."""
+    return protocol.MIRROR.fill({"run_id": run_id, "node": node, "dir": folder, "have": dict(have), "stop": stop})

@@ -78,9 +78,12 @@ def report(run: str, runs_dir: Path, open_page: bool, out: Path | None) -> int:
     if round_dir is not None:
         page = write_doctor_page(round_dir, out)
     else:
+        from clusterrun.cli.detached_cmd import refreshed
         from clusterrun.runs import find_run
 
-        page = write_run_page(find_run(runs_dir, run).path, out)
+        found = find_run(runs_dir, run)
+        refreshed(found)  # a detached run still going: its page as its supervisor has it
+        page = write_run_page(found.path, out)
     click.echo(str(page))
     if open_page:
         import webbrowser

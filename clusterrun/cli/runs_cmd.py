@@ -11,13 +11,11 @@ from typing import Any
 
 import click
 
+from clusterrun.cli.status_text import when
+
 RUNS_DIR = click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
                         show_default=True, help="Where the run directories are.")
 RUN_ARG = click.argument("run", default="last", required=False, metavar="[RUN]")
-
-
-def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
 @click.command(epilog="""\b
@@ -28,10 +26,12 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def runs(runs_dir: Path, as_json: bool) -> int:
     """List the runs in the runs directory: id, state, nodes, ranks, start, duration, exit code."""
+    from clusterrun.cli.detached_cmd import refreshed
     from clusterrun.runs import list_runs, run_record
 
     rows = []
     for run in list_runs(runs_dir):
+        refreshed(run, quiet=True)  # a detached run still going: as its supervisor has it
         plan = run.read_plan()
         record = run_record(run)
         rows.append({"run_id": run.run_id, "state": record.state.value, "nodes": plan.nnodes,
@@ -52,7 +52,7 @@ def runs(runs_dir: Path, as_json: bool) -> int:
         table.add_column(column, no_wrap=column != "script")
     for r in rows:
         took = f"{r['duration']:.1f}s" if isinstance(r["duration"], (int, float)) else "-"
-        table.add_row(r["run_id"], str(r["state"]), str(r["nodes"]), str(r["world_size"]), _when(r["started"]), took,
+        table.add_row(r["run_id"], str(r["state"]), str(r["nodes"]), str(r["world_size"]), when(r["started"]), took,
                       "-" if r["exit_code"] is None else str(r["exit_code"]), str(r["script"]))
     Console(highlight=False, width=None if sys.stdout.isatty() else 200).print(table)
     return 0
@@ -71,8 +71,9 @@ Examples:
 def status(run: str, runs_dir: Path, as_json: bool, watch: bool) -> int:
     """Show one run: its state, its launch timeline, and per node and rank what happened (RUN: an id, a unique part
     of one, or last)."""
+    from clusterrun.cli.detached_cmd import refreshed
+    from clusterrun.cli.status_text import print_status
     from clusterrun.runs import find_run, run_record
-    from clusterrun.runs.judge import signal_name
 
     found = find_run(runs_dir, run)
     if watch:
@@ -81,44 +82,12 @@ def status(run: str, runs_dir: Path, as_json: bool, watch: bool) -> int:
 
             raise UsageError("--watch draws a live view: it does not go with --json")
         return _watch(found)
+    refreshed(found)
     record = run_record(found)
     if as_json:
         click.echo(json.dumps(record.to_dict(), indent=2))
         return 0
-    plan = found.read_plan()
-    took = f", took {record.duration:.1f}s" if record.duration is not None else ""
-    click.echo(f"run {found.run_id}: {record.state.value}, {plan.nnodes} node(s), {plan.world_size} rank(s), "
-               f"script {plan.job.script}, started {_when(record.started)}{took}"
-               + (f", exit code {record.exit_code}" if record.exit_code is not None else ""))
-    for name, node in record.nodes.items():
-        ranks = ", ".join(f"{r}: {o.state.value}" + (f" ({signal_name(o.signal) or o.exit_code})" if o.exit_code
-                                                     else "") for r, o in sorted(node.ranks.items()))
-        what = (node.state.value if node.state else
-                f"exit code {node.exit_code}" if node.exit_code is not None else record.state.value)
-        reason = f" - {node.reason}" if node.reason and what != "succeeded" else ""
-        click.echo(f"  {name}: {what}{reason}" + (f"; ranks {ranks}" if ranks else ""))
-    for name, problem in record.problems.items():
-        click.echo(f"  {name}: {problem}")
-    _print_timeline(record)
-    for attempt in record.attempts:
-        took = f" in {attempt.duration:.1f}s" if attempt.duration is not None else ""
-        what = f"{attempt.state}: {attempt.cause}" if attempt.cause else attempt.state
-        click.echo(f"attempt {attempt.number} on {', '.join(attempt.nodes)}, started {_when(attempt.started)}"
-                   f"{took}: {what}")
-    if record.first_failure is not None:
-        click.echo(f"first failure: {record.first_failure.describe()}")
-    for event in record.events:
-        click.echo(f"event {_when(event.get('time'))}: {event.get('node')}: {event.get('kind')}: {event.get('text')}")
-    for note in record.notes:
-        click.echo(f"note: {note}")
-    if record.state.value == "detached":
-        click.echo(f"detached: it runs on its own; `clusterrun logs {found.run_id} -f` follows it (and records its "
-                   f"end), `clusterrun down {found.run_id}` stops it")
-    if record.state.value == "lost":
-        click.echo(f"clusterrun stopped without recording the end; `clusterrun down {found.run_id}` stops what is left")
-    click.echo(f"logs: {found.path}/")
-    for name, where in _earlier_logs(found, record).items():
-        click.echo(f"logs of {name}: {where}/")
+    print_status(found)
     return 0
 
 
@@ -126,14 +95,6 @@ def _console() -> Any:
     from rich.console import Console
 
     return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-
-
-def _print_timeline(record: Any) -> None:
-    from clusterrun.cli.run_view import timeline_table
-
-    table = timeline_table(record)
-    if table is not None:
-        _console().print(table)
 
 
 def _watch(found: Any) -> int:
@@ -159,15 +120,6 @@ def _watch(found: Any) -> int:
     except KeyboardInterrupt:
         return 0  # the run goes on; only the watching stops
     return 0
-
-
-def _earlier_logs(found: Any, record: Any) -> dict[str, Path]:
-    """The nodes whose logs are only in an earlier attempt's directory (left out of the later ones): where."""
-    out: dict[str, Path] = {}
-    for name, _rank, path in found.rank_logs():
-        if path.parent.parent != found.path and name not in record.nodes:
-            out.setdefault(name, path.parent)
-    return out
 
 
 def _no_logs(found: Any, record: Any, node: str | None, rank: int | None) -> Any:
@@ -200,11 +152,13 @@ Examples:
               "escaped, colours kept; the log files are always byte-exact).")
 def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: bool, raw: bool) -> int:
     """Print a run's rank logs, each line prefixed [node:rank] (RUN: an id, a unique part of one, or last)."""
+    from clusterrun.cli.detached_cmd import LOOK_EVERY, refreshed
     from clusterrun.launch.console import safe
     from clusterrun.runs import RunState, find_run, run_record
 
     found = find_run(runs_dir, run)
     out = sys.stdout.write if raw else (lambda text: sys.stdout.write(safe(text)))
+    supervised = refreshed(found) is not None  # a detached run's logs come from its supervisor's record
     if run_record(found).state is RunState.detached:
         return _remote_logs(found, node, rank, follow, out)
     offsets: dict[Path, int] = {}
@@ -233,9 +187,13 @@ def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: b
                 out(f"[{path.parent.name}:{path.stem[4:]}] {rest.decode('utf-8', errors='replace')}\n")
             for event in record.events:  # what the watch saw, after the lines
                 if node is None or event.get("node") == node:
-                    out(f"[clusterrun] {_when(event.get('time'))} {event.get('node')}: {event.get('text')}\n")
+                    out(f"[clusterrun] {when(event.get('time'))} {event.get('node')}: {event.get('text')}\n")
             return 0
-        time.sleep(0.5)
+        if supervised:
+            time.sleep(LOOK_EVERY)
+            refreshed(found, quiet=True)
+        else:
+            time.sleep(0.5)
 
 
 @click.command(epilog="""\b
@@ -252,10 +210,15 @@ def down(run: str, runs_dir: Path, grace: float) -> int:
     Every process carrying the run's id is sent SIGTERM, then SIGKILL after the grace period, on
     all nodes at once; afterwards nothing of the run runs anywhere. Nodes that cannot be reached are named.
     """
+    from clusterrun.cli.detached_cmd import stop_detached
     from clusterrun.ops.down import record_stopped, sweep_run
     from clusterrun.runs import find_run
 
     found = find_run(runs_dir, run)
+    code = stop_detached(found, grace)  # a detached run: its supervisor stops it and records the end
+    if code is not None:
+        _leave_page(found.path)
+        return code
     results = sweep_run(found, grace)
     failed = 0
     for name, (pids, problem) in results.items():

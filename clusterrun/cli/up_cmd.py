@@ -66,8 +66,9 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 @click.option("--preflight", "preflight_mode", type=click.Choice(["quick", "full", "off"]), default="quick",
               show_default=True, help="Before starting: quick = every node reaches rank 0's master port on the data "
               "network (about a second); full = doctor's network checks too; off = no check.")
-@click.option("--detach", is_flag=True, help="Start the job, print its run id and return; it runs on without "
-              "clusterrun (`clusterrun logs RUN -f` follows it, `clusterrun down RUN` stops it).")
+@click.option("--detach", is_flag=True, help="Start the job, print its run id and return: it is supervised on rank "
+              "0's node as it would be here (fail-fast, watches, --timeout, --notify, every rank's log), whatever "
+              "becomes of this terminal. `clusterrun attach RUN` shows it, `clusterrun down RUN` stops it.")
 @click.option("--timeout", "time_limit", type=click.FloatRange(1, 10 * 365 * 86400), metavar="SECONDS",
               help="Stop the job (exit 124) if it runs longer than this; by default it may run forever.")
 @click.option("--grace", type=click.FloatRange(0, 600), default=protocol.GRACE, show_default=True, metavar="SECONDS",
@@ -101,6 +102,9 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
               metavar="[SECONDS]", help="When GPUs the run needs are leased by another run, wait until they are free "
               "(checking again with a growing pause, at most 30 s), at most SECONDS (default: no limit), instead of "
               "being refused.")
+@click.option("--sample-every", type=click.FloatRange(0, 3600), default=None, metavar="SECONDS",
+              help="How often each node samples its NICs, RDMA ports, ranks and GPUs for the run's series "
+              "(`clusterrun metrics RUN`) and the wrong-NIC verdict; 0 = off (default 1; inventory run.sample_every).")
 @click.option("--notify", "notify", multiple=True, metavar="URL",
               help="POST a small JSON document (with a Slack-style `text`) to URL when the run starts, fails and "
               "ends; repeatable, added to the inventory's run.notify. A slow or dead webhook never delays the run.")
@@ -108,7 +112,8 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool, raw: bool,
        fold: bool | None, preflight_mode: str, detach: bool, time_limit: float | None, grace: float, path_watch: bool | None,
        on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None, max_restarts: int | None,
-       min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None, notify: tuple[str, ...]) -> int:
+       min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None, sample_every: float | None,
+       notify: tuple[str, ...]) -> int:
     """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
 
     clusterrun computes each node's rank, the master address on the data network and the
@@ -130,7 +135,7 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
                    fold=fold, preflight_mode=preflight_mode, detach=detach, time_limit=time_limit, grace=grace,
                    path_watch=path_watch, on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang,
                    max_restarts=max_restarts, min_nodes=min_nodes, restart_backoff=restart_backoff,
-                   wait_gpus=wait_gpus, notify=notify)
+                   wait_gpus=wait_gpus, sample_every=sample_every, notify=notify)
     finally:
         if early is not None:
             early.close()
@@ -141,9 +146,10 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         grace: float,
         path_watch: bool | None, on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None,
         max_restarts: int | None, min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None,
-        notify: tuple[str, ...]) -> int:
+        sample_every: float | None, notify: tuple[str, ...]) -> int:
     from clusterrun.cli.render import plan_json, print_plan, print_summary
-    from clusterrun.launch.settings import RestartSettings, with_restarts
+    from clusterrun.launch.replan import with_restarts
+    from clusterrun.launch.settings import RestartSettings
     from clusterrun.launch.up import execute
 
     run = inv.run
@@ -162,10 +168,6 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
     # Folding waits for copies only where a copy can come: more than one rank is shown.
     fold = (run.fold if fold is None else fold) and plan.world_size > 1 and (shown is None or len(shown) > 1)
     console = Console(ranks=shown, quiet=quiet, raw=raw, fold=fold)
-    if detach and time_limit:
-        from clusterrun.errors import UsageError
-
-        raise UsageError("--timeout needs clusterrun to stay with the job; it cannot be used with --detach")
     full_check = None
     if preflight_mode == "full":
         from clusterrun.cli.report_cmd import with_doctor_page
@@ -173,7 +175,8 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
 
         full_check = with_doctor_page(doctor_check)
     settings = SupervisorSettings.for_run(inv.run, grace=grace, timeout=time_limit, path_watch=path_watch,
-                                          on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang)
+                                          on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang,
+                                          sample_every=sample_every)
     if wait_gpus is not None:
         import dataclasses
 
@@ -193,8 +196,9 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         leave_page(Path(runs_dir) / plan.run_id)
     if outcome is None:
         click.echo(plan.run_id)
-        click.echo(f"clusterrun: detached: run {plan.run_id} goes on without clusterrun; follow it with "
-                   f"`clusterrun logs {plan.run_id} -f`, stop it with `clusterrun down {plan.run_id}`", err=True)
+        click.echo(f"clusterrun: detached: run {plan.run_id} goes on, supervised on {plan.master.name}; "
+                   f"`clusterrun attach {plan.run_id}` shows it, `clusterrun logs {plan.run_id} -f` follows its "
+                   f"ranks, `clusterrun down {plan.run_id}` stops it", err=True)
         return 0
     if as_json:
         import json

@@ -4,7 +4,9 @@ Pure, like the plan: a :class:`clusterrun.plan.LaunchPlan` (and its inventory) i
 contacted. What the engine decides itself (which nodes, each node's rank, the master's address, the GPUs)
 is taken from it at run time; what clusterrun derived and the engine can carry (processes per node, the
 NCCL/Gloo environment, the script and its arguments) is written down; what it cannot carry is listed in
-the document's comments. A secret's value is never written.
+the document's comments. What the inventory's hosts alone make true (their NICs and HCAs) is kept by the
+batch script, which runs on them, and left out of pods, whose network is another. A secret's value is
+never written.
 
     environment.py   the plan's environment split: the same on every node, differing, secret, left out
     naming.py        job names (Kubernetes object names) and the checks of user-given names

@@ -4,8 +4,10 @@ Kubernetes places the pods, so the node list, the ranks and the master's address
 torchrun ``PET_NNODES``, ``PET_NODE_RANK`` and ``PET_NPROC_PER_NODE`` (and the master: ``MASTER_ADDR``/``MASTER_PORT``
 for a PyTorchJob, passed on to torchrun; ``PET_MASTER_ADDR``/``PET_MASTER_PORT`` for a TrainJob). The document carries
 the image, torchrun with the script and its arguments, the node count, the processes and GPUs per node, and the
-environment that names no node-local device. What cannot travel (each node's NIC names, GPU indices, variables that
-differ between nodes, secrets, clusterrun's own work while the job runs) is listed in the comment header.
+environment that names no node-local device and that clusterrun did not derive from the inventory's hosts. What
+cannot travel (each node's NIC names, GPU indices, the NCCL/Gloo settings derived from the hosts' NICs and HCAs,
+variables that differ between nodes, secrets, clusterrun's own work while the job runs) is listed in the comment
+header.
 
 Kubernetes expands ``$(NAME)`` in a container's command, arguments and environment values, and ``$$`` to ``$``:
 every ``$`` the user wrote is doubled, so that each argument and value arrives as typed.
@@ -32,6 +34,16 @@ DEVICE_VARS = frozenset({
     "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX",
     "UCX_NET_DEVICES", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
 })
+#: How to find each host-derived setting's value for the pods, where the target cluster needs it set.
+_POD_VALUE = {
+    "NCCL_SOCKET_IFNAME": "the pods' interface on the data network as `ip -br addr` shows it inside a pod (often "
+                          "eth0, or net1 on a second network)",
+    "GLOO_SOCKET_IFNAME": "the same interface as NCCL_SOCKET_IFNAME, without its '='",
+    "NCCL_IB_HCA": "the RDMA devices `ibv_devices` lists inside a pod that has them (an RDMA device plugin), like "
+                   "=mlx5_0:1",
+    "NCCL_IB_DISABLE": "1 only where the pods have no RDMA device",
+    "NCCL_IB_GID_INDEX": "the RoCE v2 GID index `show_gids` shows inside a pod",
+}
 #: Variables the operators set for torchrun (TrainJob refuses a job that sets PET_* itself).
 _OPERATOR_VARS = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK"})
 _OPERATOR_PREFIX = "PET_"
@@ -111,9 +123,8 @@ def _pod_env(env: JobEnv, name: str) -> tuple[list[dict[str, str]], list[str]]:
             operator.append(var.name)
         else:
             kept.append({"name": var.name, "value": escape(var.value)})
-    lost: list[str] = []
-    pinned = [f"{v.name} ({', '.join(f'{node}: {value}' for node, value in v.values)})" for v in env.varying
-              if v.name in DEVICE_VARS]
+    lost = _host_settings(env)
+    pinned = [f"{v.name} ({v.per_node()})" for v in env.varying if v.name in DEVICE_VARS]
     if pinned:
         lost.append(f"per-node NIC pinning, {'; '.join(pinned)}: pods use the network Kubernetes gives them (set "
                     "it in the pod template if your nodes need it)")
@@ -124,8 +135,8 @@ def _pod_env(env: JobEnv, name: str) -> tuple[list[dict[str, str]], list[str]]:
         lost.append(f"{', '.join(operator)}: the operator sets them for torchrun")
     for varying in env.varying:
         if varying.name not in DEVICE_VARS:
-            values = ", ".join(f"{node}: {value}" for node, value in varying.values)
-            lost.append(f"{varying.name} ({values}): differs between the nodes, and one pod template serves them all")
+            lost.append(f"{varying.name} ({varying.per_node()}): differs between the nodes, and one pod template "
+                        "serves them all")
     lost += [f"{left.name}: {left.why}" for left in env.left_out]
     for secret in env.secrets:
         lost.append(f"{secret} holds a secret and is not written: create a Secret (kubectl create secret generic "
@@ -134,10 +145,24 @@ def _pod_env(env: JobEnv, name: str) -> tuple[list[dict[str, str]], list[str]]:
     return kept, lost
 
 
+def _host_settings(env: JobEnv) -> list[str]:
+    """The comment on what clusterrun derived from the inventory's hosts: what, why it stays out, how to set it."""
+    if not env.from_hosts:
+        return []
+    names = dict.fromkeys(v.name for v in env.from_hosts)
+    harm = ("NCCL_IB_DISABLE=1 from hosts without RDMA would make NCCL use TCP on an InfiniBand cluster, and "
+            if "NCCL_IB_DISABLE" in names else "")
+    lead = (f"{', '.join(v.shown() for v in env.from_hosts)}: derived by clusterrun from the SSH inventory's hosts "
+            f"(their NICs and HCAs), and the pods' network and HCAs are others: {harm}a NIC or HCA name the pods lack "
+            "stops NCCL or makes it fall back to TCP. Without them NCCL picks the pod's interface and HCAs itself; "
+            "where the target cluster needs one, add it to the container's env (as below)")
+    return [lead, *(f"{name} for the pods: {_POD_VALUE[name]}" for name in names if name in _POD_VALUE)]
+
+
 def _pod_job(plan: LaunchPlan, inv: Inventory, options: KubeOptions, kind: str, suffix: str) -> _PodJob:
     nproc, gpus = _same_on_every_node(plan, kind)
     name = check_name(options.name, suffix) if options.name is not None else default_name(plan, suffix)
-    env, lost = _pod_env(job_env(plan), name)
+    env, lost = _pod_env(job_env(plan, hosts=False), name)
     pythons = sorted({n.python for n in plan.nodes})
     lost.append(f"the nodes' interpreter ({', '.join(pythons)}): the image's torchrun runs the script")
     lost += runtime_only(plan, inv)

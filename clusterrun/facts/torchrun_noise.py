@@ -142,13 +142,31 @@ class NoiseFilter:
         return Sorted(noise=True) if noise else Sorted(held)
 
 
+# c10d's note that it could not look up a peer's name for its own messages (getnameinfo in socket.cpp), written
+# once by every torchrun and every rank where no DNS server answers: c10d connects to an IPv4 address as an
+# IPv4-mapped IPv6 one, which /etc/hosts never names, so the lookup goes to DNS even when /etc/hosts lists every
+# node. The connection itself uses the address. torch >= 2.2 writes ``[W1125 15:22:54.541303615 socket.cpp:207]
+# [c10d] The hostname of the client socket cannot be retrieved. err=-3``; older ones ``[W socket.cpp:NNN] ...``.
+_LOOKUP_TEXT = "[c10d] The hostname of the client socket cannot be retrieved"
+_LOOKUP = re.compile(r"^\s*\[W[^\]]*\]\s*" + re.escape(_LOOKUP_TEXT) + r"\. err=-?\d+\s*$")
+#: What the terminal says once instead of every process's copy of that note.
+LOOKUP_NOTE = ("c10d could not look up a peer's host name (\"The hostname of the client socket cannot be retrieved\", "
+               "from every process where no DNS server answers): harmless, c10d connects by address and only its own "
+               "messages lack the name; the rank logs and launcher.log keep each copy")
+
+
+def is_lookup_note(line: str) -> bool:
+    """Whether ``line`` is c10d's reverse-lookup warning and nothing else (a line it was glued to is not)."""
+    return _LOOKUP_TEXT in line and bool(_LOOKUP.match(line))
+
+
 # torchrun's report of being stopped (clusterrun's SIGTERM): "Received 15 death signal, shutting down workers"
 # (older torch: "Received Signals.SIGTERM death signal"), then its SignalException traceback.
 _STOPPED = re.compile(r"\] ?Received (?:\d+|Signals\.SIG\w+|SIG\w+) death signal, shutting down workers"
                       r"|SignalException: Process \d+ got signal: \d+")
 # What torchrun says on every node of every run: its OMP banner, c10d's note on the client socket's name.
 _BANNER = re.compile(r"^\s*$|^\*+$|^Setting OMP_NUM_THREADS environment variable for each process"
-                     r"|\[c10d\] The hostname of the client socket cannot be retrieved|^\[clusterrun\] ")
+                     r"|" + re.escape(_LOOKUP_TEXT) + r"|^\[clusterrun\] ")
 
 
 def stopped_at(lines: list[str]) -> int | None:

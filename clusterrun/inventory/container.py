@@ -12,13 +12,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from clusterrun.inventory.kinds import Runtime
 from clusterrun.inventory.types import Text, _check_text
-
-
-class Runtime(str, enum.Enum):
-    docker = "docker"
-    podman = "podman"
-    apptainer = "apptainer"
 
 
 class Pull(str, enum.Enum):

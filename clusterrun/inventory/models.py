@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from clusterrun.inventory.container import ContainerSettings, container_problems
+from clusterrun.inventory.kinds import Transport
 from clusterrun.inventory.run_settings import RunSettings, _Model
 from clusterrun.inventory.types import (
     MAX_NODES,
@@ -59,12 +60,6 @@ class HostKeyPolicy(str, enum.Enum):
     accept_new = "accept-new"  # like OpenSSH's StrictHostKeyChecking=accept-new
     strict = "strict"  # unknown hosts are refused
     off = "off"  # accept anything, record nothing (test rigs only)
-
-
-class Transport(str, enum.Enum):
-    ssh = "ssh"
-    local = "local"
-    srun = "srun"  # a Slurm job step per command (inside an allocation: steps of that job)
 
 
 class SshSettings(_Model):

@@ -15,6 +15,8 @@ may be less than what is logged, never more:
 * torchrun's own lines: with ``ranks``, only the nodes that hold one of them (errors always); torchrun's
   known end-of-run noise (the exit-barrier error of a node whose ranks had finished,
   :mod:`clusterrun.facts.torchrun_noise`) is kept in launcher.log only, and said once in one line;
+* c10d's reverse-lookup warning, which every torchrun and every rank writes where no DNS server answers
+  (:func:`clusterrun.facts.torchrun_noise.is_lookup_note`), is said once, as harmless; the logs keep each copy;
 * with ``fold``, a line many ranks printed alike is shown once under all their ranks, ``[crn[0-63]:0-511]``
   (torchrun's own lines alike under their nodes), after waiting at most half a second for its copies; copies
   that come later are not shown again but named in one note (:mod:`clusterrun.launch.fold`).
@@ -32,7 +34,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TextIO
 
-from clusterrun.facts.torchrun_noise import NoiseFilter, Sorted
+from clusterrun.facts.torchrun_noise import LOOKUP_NOTE, NoiseFilter, Sorted, is_lookup_note
 from clusterrun.launch.fold import Folder, Key, Line, Note, label, these
 
 DISPLAY_MAX = 16 << 10  # characters of one line shown on the terminal
@@ -101,6 +103,7 @@ class Console:
         self.raw = raw  # show control characters as they came
         self._noise: dict[str, NoiseFilter] = {}  # per node: torchrun's lines held back while they may be noise
         self.noise_said = False  # the one line about torchrun's exit-barrier noise was written
+        self.lookup_said = False  # the one line about c10d's reverse-lookup warning was written
         # Identical lines folded: the ranks' lines, and torchrun's own (never folded with a rank's line).
         self._folders = (Folder(), Folder()) if fold else None
         self._prefixes: dict[Key, str] = {}  # one key's prefix, as written
@@ -148,7 +151,17 @@ class Console:
             except (OSError, ValueError):
                 pass
 
+    def _known_note(self, node: str, text: str) -> bool:
+        """Whether ``text`` is c10d's reverse-lookup warning, which is then said once, not shown."""
+        if not is_lookup_note(text):
+            return False
+        if not self.lookup_said:
+            self.lookup_said = True
+            self.info(f"{node}: {LOOKUP_NOTE}")
+        return True
+
     def _write_lines(self, node: str, rank: int, texts: list[str], now: float | None = None) -> None:
+        texts = [t for t in texts if not self._known_note(node, t)]
         if not texts:
             return
         if self._folders is not None:
@@ -253,6 +266,8 @@ class Console:
         if error:
             self._node_lines(node, self._noise.pop(node, NoiseFilter()).flush(), now)
             self._node_lines(node, Sorted((text,)), now)
+            return
+        if self._known_note(node, text):
             return
         now = self.clock() if now is None else now
         noise = self._noise.setdefault(node, NoiseFilter())

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT
+from clusterrun.notify import Notifier
+from clusterrun.planfile import LaunchPlan
 from clusterrun.runs.judge import Failure, RankEnd, RankState, signal_name
 from clusterrun.runs.record import AttemptRecord, NodeRecord, RankRecord, RunRecord, RunState
 from clusterrun.runs.timeline import PhaseSpan
@@ -193,3 +195,21 @@ def untrusted_nodes(outcome: RunOutcome) -> dict[str, str]:
         for name in (blame["node"], *blame.get("also", ())):
             lost.setdefault(name, failure.detail if name == failure.node else f"its data path died ({failure.detail})")
     return lost
+
+
+def notify_start(notifier: Notifier, plan: LaunchPlan, run_dir: str) -> None:
+    """``--notify``'s ``start`` document (the run's, not an attempt's)."""
+    notifier.send("start", f"clusterrun: run {plan.run_id} started on {plan.nnodes} node(s), {plan.world_size} "
+                           "rank(s)", run_id=plan.run_id, state="running", nodes=[n.name for n in plan.nodes],
+                  run_dir=run_dir)
+
+
+def notify_end(notifier: Notifier, outcome: RunOutcome, plan: LaunchPlan, run_dir: str) -> None:
+    """``--notify``'s ``end`` document: how the run ended, after how long, its first failure."""
+    failure = outcome.first_failure
+    duration = (outcome.ended or time.time()) - outcome.started
+    text = (f"clusterrun: run {plan.run_id} {outcome.state.value} after {duration:.0f}s (exit code "
+            f"{outcome.exit_code})" + (f": {failure.describe()}" if failure else ""))
+    notifier.send("end", text, run_id=plan.run_id, state=outcome.state.value, exit_code=outcome.exit_code,
+                  nodes=[n.name for n in plan.nodes], first_failure=failure.to_dict() if failure else None,
+                  run_dir=run_dir, duration=duration, logs_complete=outcome.logs_complete)

@@ -17,6 +17,7 @@ failure, and a node that ends is ``stopped``, not failed.
 from __future__ import annotations
 
 import enum
+import signal
 import time
 from collections.abc import Callable
 
@@ -84,3 +85,15 @@ class RunPhase:
     def since_stop(self, now: float) -> float | None:
         """Seconds since the first stop order, None when none went out."""
         return None if self.stop_sent_at is None else now - self.stop_sent_at
+
+
+#: `clusterrun down`'s request to a detached run's supervisor: stop the run (as a first Ctrl-C does), never kill.
+STOP_SIGNAL = signal.SIGUSR1
+
+
+def signal_order(signum: int, *, first: bool) -> Phase | None:
+    """The stop a signal orders: the first stops the run (``term``), a second kills it (``kill``), but
+    :data:`STOP_SIGNAL` never kills (two ``clusterrun down`` at once are one stop): None, nothing more to do."""
+    if first:
+        return Phase.STOPPING
+    return None if signum == STOP_SIGNAL else Phase.KILLING

@@ -111,6 +111,17 @@ class LogRelay:
                               "whole log stays on its node (<node run dir>/torchrun/) and is fetched at the end "
                               "if there is room by then")
 
+    def save(self, relpath: str, data: bytes) -> str:
+        """A file of the run (a stack dump, a flight record) into the run directory; a failure is said once (see
+        :meth:`failed`). Returns its path."""
+        path = self.run_dir.path / relpath
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        except OSError as exc:
+            self.failed(relpath, exc)
+        return str(path)
+
     def retry(self) -> None:
         """Let the end of the run write again to the rank files a failure stopped (from what they hold)."""
         for key in self._stopped:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from clusterrun import gpuchoice, remote
 from clusterrun.errors import ClusterrunError, GpusLeased, PlanError, StartError
-from clusterrun.facts.gpus import span
+from clusterrun.facts.gpus import NodeGpus, span
 from clusterrun.facts.leases import WAIT_HINT, held_gpus, spare_leased_gpus
 from clusterrun.facts.nics import reconcile
 from clusterrun.facts.node import LINE, ProbedNode, complete_gpus, read_facts
@@ -60,12 +60,13 @@ def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, Probed
 def with_free_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode],
                    held: Held) -> tuple[Inventory, list[str]]:
     """For the nodes whose nvidia-smi did not describe their GPUs: the inventory with every GPU each node sees
-    where nobody listed its GPUs (:func:`with_found_gpus`), none of them leased by another run (``held``, see
-    :func:`clusterrun.facts.leases.spare_leased_gpus`), and a line per node so completed. Raises
-    :class:`GpusLeased` naming each node, GPU and holder where the run cannot have the GPUs it needs."""
+    where nobody listed its GPUs (:func:`with_found_gpus`), with a process count that many none of them leased
+    by another run (``held``, see :func:`clusterrun.facts.leases.spare_leased_gpus`), and a line per node so
+    completed. Raises :class:`GpusLeased` naming each node, GPU and holder where the run cannot have the GPUs it
+    needs (without a process count: any GPU of the node that another run holds)."""
     completed, found = with_found_gpus(inv, plan, ready)
     completed, spared, leased = spare_leased_gpus(inv, completed, plan.job.nproc_per_node,
-                                                  {name: r.gpus for name, r in ready.items()}, held)
+                                                  {name: r.gpu_indices() for name, r in ready.items()}, held)
     if leased:
         raise GpusLeased(leased, hint="no node was started")
     return completed, [*found, *spared]
@@ -111,27 +112,43 @@ def _binding_line(node: str, choice: gpuchoice.GpuChoice) -> str:
         f"GPU {span(gpus)} on {where}" for where, gpus in groups.items())
 
 
+def _readable(ready: Mapping[str, ProbedNode], planned: set[str]) -> dict[str, NodeGpus]:
+    """The GPU facts of each planned node that says which GPUs a run may take: nvidia-smi listed them, or it could
+    not but the node's CUDA_VISIBLE_DEVICES limits a node that has GPUs (the reporter counted some)."""
+    out: dict[str, NodeGpus] = {}
+    for name, r in ready.items():
+        facts = r.gpu_facts() if name in planned else None
+        if facts is not None and (facts.gpus or (facts.limited and r.gpus != 0)):
+            out[name] = facts
+    return out
+
+
 def choose_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode],
                 held: Held) -> tuple[Inventory, list[str], list[str], dict[str, tuple[EnvVar, ...]]]:
     """Each node's GPUs from what it reported (:func:`clusterrun.gpuchoice.choose`): the inventory with them, a line
     per node saying which and why, warnings, and the variables they give each node (CUDA_DEVICE_ORDER, the CPU
-    binding). A node without nvidia-smi, or whose nvidia-smi failed, is left as it was (a warning says so).
-    Raises :class:`StartError` naming every node that cannot give the run its GPUs, :class:`GpusLeased` when
-    only GPUs other runs hold are in the way."""
+    binding, the node's own CUDA_VISIBLE_DEVICES where it names GPUs that cannot be numbered). A node whose GPUs
+    nvidia-smi could not list is chosen for within its own CUDA_VISIBLE_DEVICES where that is set, else left as it
+    was (a warning says so). Raises :class:`StartError` naming every node that cannot give the run its GPUs,
+    :class:`GpusLeased` when only GPUs other runs hold are in the way."""
     job, planned = plan.job, {n.name for n in plan.nodes}
+    readable = _readable(ready, planned)
+    fewest = min((gpuchoice.idle_count(f, held.get(n, {}), job.run_id) for n, f in readable.items()), default=None)
     nodes, lines, warnings, env, refused = [], [], [], {}, {}
     leased = True  # every refusal is of GPUs other runs hold: `up --wait-gpus` may wait for them
     for node in inv.nodes:
-        facts = ready[node.name].gpu_facts() if node.name in ready and node.name in planned else None
-        if facts is None or not facts.gpus:
-            if facts is not None:
-                warnings += [*facts.problems, f"{node.name}: its GPUs could not be read: planned in plain order"]
+        facts = readable.get(node.name)
+        if facts is None:
+            unread = ready[node.name].gpu_facts() if node.name in ready and node.name in planned else None
+            if unread is not None and unread.smi:
+                warnings += [*unread.problems, f"{node.name}: its GPUs could not be read: planned in plain order"]
             nodes.append(node)
             continue
         count = job.nproc_per_node or node.nproc_per_node or inv.defaults.nproc_per_node
         try:
             choice = gpuchoice.choose(facts, listed=node.gpus, count=count, held=held.get(node.name, {}),
-                                      run_id=job.run_id, allow_busy=job.allow_busy_gpus, networked=plan.nnodes > 1)
+                                      run_id=job.run_id, allow_busy=job.allow_busy_gpus, networked=plan.nnodes > 1,
+                                      fewest_idle=fewest)
         except gpuchoice.GpuRefused as exc:
             refused[node.name] = exc.reason
             leased = leased and exc.leased
@@ -139,23 +156,35 @@ def choose_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode
             continue
         update: dict[str, object] = {"gpus": list(choice.gpus)}
         if choice.node_env and count is None:
-            update["nproc_per_node"] = len(facts.mig)
+            update["nproc_per_node"] = len(facts.mig or facts.names)
         nodes.append(node.model_copy(update=update))
         lines += [choice.note] if choice.note else []
         warnings += choice.warnings
-        # nvidia-smi numbers GPUs in PCI bus order; CUDA by default fastest first: the same order only on nodes
-        # with one GPU model. This makes CUDA_VISIBLE_DEVICES mean the GPUs chosen here on every node.
-        found = [EnvVar("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "clusterrun:gpu-choice")] if choice.gpus else []
-        bind = choice.cpu_bind() if job.cpu_bind == "numa" else None
-        if bind:
-            found.append(EnvVar(CPU_BIND_VAR, bind, "clusterrun:cpu-bind"))
-            lines.append(_binding_line(node.name, choice))
-        env[node.name] = tuple(found)
+        env[node.name] = _gpu_env(node.name, facts, choice, job.cpu_bind, lines)
     if refused:
         if leased:
             raise GpusLeased(refused, hint=f"no node was started; {WAIT_HINT}")
         raise StartError(refused, hint=GPU_HINT)
     return inv.model_copy(update={"nodes": nodes}), lines, warnings, env
+
+
+def _gpu_env(node: str, facts: NodeGpus, choice: gpuchoice.GpuChoice, cpu_bind: str,
+             lines: list[str]) -> tuple[EnvVar, ...]:
+    """The variables a node's GPU choice gives it (and the binding's line, added to ``lines``)."""
+    found: list[EnvVar] = []
+    if choice.node_env and facts.visible is not None:
+        # Set as the node sets it: so that a container, whose GPUs follow the plan's value, gets them too.
+        found.append(EnvVar("CUDA_VISIBLE_DEVICES", facts.visible, "the node's own"))
+    if choice.gpus and facts.gpus:
+        # nvidia-smi numbers GPUs in PCI bus order; CUDA by default fastest first: the same order only on nodes
+        # with one GPU model. This makes CUDA_VISIBLE_DEVICES mean the GPUs chosen here on every node. Not where
+        # nvidia-smi could not list them: the node's own numbers are kept, in the node's own order.
+        found.append(EnvVar("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "clusterrun:gpu-choice"))
+    bind = choice.cpu_bind() if cpu_bind == "numa" else None
+    if bind:
+        found.append(EnvVar(CPU_BIND_VAR, bind, "clusterrun:cpu-bind"))
+        lines.append(_binding_line(node, choice))
+    return tuple(found)
 
 
 def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, LaunchPlan]:
@@ -266,3 +295,12 @@ class GpuWait:
         self.say(f"waiting for GPUs ({held}); next look in {delay:.0f}s{limit}")
         self.sleep(delay)
         return True
+
+
+def with_restarts(inv: Inventory, plan: LaunchPlan, max_restarts: int) -> LaunchPlan:
+    """``plan`` for a run that clusterrun may restart ``max_restarts`` times (the workers see it as
+    TORCHELASTIC_MAX_RESTARTS): what ``up`` runs, and what ``up --dry-run`` shows."""
+    if plan.job.restarts == max_restarts:
+        return plan
+    return dataclasses.replace(build_plan(inv, dataclasses.replace(plan.job, restarts=max_restarts)),
+                               probed=plan.probed)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from clusterrun.inventory.models import Inventory, RunSettings
-from clusterrun.plan import LaunchPlan, build_plan
 from clusterrun.remote import protocol
+
+if TYPE_CHECKING:  # standard library only at run time: the cluster supervisor of a detached run takes these settings
+    from clusterrun.inventory.models import RunSettings
 
 #: On a large run, at most about this many heartbeats, and CPU reports, reach clusterrun each second.
 BEATS_PER_SECOND = 32.0
@@ -35,6 +37,7 @@ class SupervisorSettings:
     on_hang: str = "wait"  # or "stop": after the digest, stop the job
     load_every: float = 3.0  # seconds between the agents' CPU reports (stragglers); 0: none
     wait_gpus: float | None = None  # ``up --wait-gpus``: seconds to queue for leased GPUs (inf: no limit)
+    sample_every: float = 1.0  # seconds between the nodes' samples of NICs, ranks and GPUs (0: none)
 
     def paced(self, nodes: int) -> SupervisorSettings:
         """These settings for a run of ``nodes`` nodes: heartbeats and CPU reports spaced out on large runs, so
@@ -50,11 +53,12 @@ class SupervisorSettings:
     @classmethod
     def for_run(cls, run: RunSettings, *, grace: float, timeout: float | None, path_watch: bool | None = None,
                 on_path_loss: str | None = None, hang_timeout: float | None = None,
-                on_hang: str | None = None) -> SupervisorSettings:
+                on_hang: str | None = None, sample_every: float | None = None) -> SupervisorSettings:
         """The inventory's ``run`` settings, with each value given on the command line (not None) winning."""
         return cls(grace=grace, timeout=timeout, path_watch=run.path_watch if path_watch is None else path_watch,
                    on_path_loss=on_path_loss or run.on_path_loss, hang_timeout=hang_timeout or run.hang_timeout,
-                   on_hang=on_hang or run.on_hang)
+                   on_hang=on_hang or run.on_hang,
+                   sample_every=run.sample_every if sample_every is None else sample_every)
 
 
 @dataclass(frozen=True)
@@ -68,12 +72,3 @@ class RestartSettings:
     @property
     def may_drop(self) -> bool:
         return self.min_nodes is not None
-
-
-def with_restarts(inv: Inventory, plan: LaunchPlan, max_restarts: int) -> LaunchPlan:
-    """``plan`` for a run that clusterrun may restart ``max_restarts`` times (the workers see it as
-    TORCHELASTIC_MAX_RESTARTS): what ``up`` runs, and what ``up --dry-run`` shows."""
-    if plan.job.restarts == max_restarts:
-        return plan
-    return dataclasses.replace(build_plan(inv, dataclasses.replace(plan.job, restarts=max_restarts)),
-                               probed=plan.probed)

@@ -20,7 +20,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from clusterrun.agents.link import AgentLink
@@ -28,18 +28,20 @@ from clusterrun.agents.spec import run_spec
 from clusterrun.errors import EXIT_TIMEOUT, ClusterrunError, StartError
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
-from clusterrun.launch.phase import Phase, RunPhase
+from clusterrun.launch.phase import Phase, RunPhase, signal_order
 from clusterrun.launch.relay import LogRelay
 from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathWatchState, StragglerWatch, Verdict
 from clusterrun.notify import Notifier
-from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.planfile import LaunchPlan, NodePlan
 from clusterrun.remote import protocol
 from clusterrun.remote.protocol import Frame
-from clusterrun.runs import RunDir, RunState, read_record, write_record
+from clusterrun.runs import RunDir
 from clusterrun.runs.judge import judge_node
 from clusterrun.runs.live import LiveNodes
+from clusterrun.runs.series import SeriesWriter
 from clusterrun.runs.timeline import Timeline
+from clusterrun.runs.traffic import WrongNicJudge
 
 #: Events handled in one turn of the loop at most, before its work over every node (ticks, silence, heartbeats).
 EVENTS_PER_TURN = 256
@@ -67,10 +69,13 @@ class Supervisor:
             nodes={n.name: NodeOutcome(n.name, {r: RankOutcome(r, r - n.rank_offset) for r in n.ranks})
                    for n in plan.nodes},
         )
+        #: The signals that stop the run (see phase.signal_order); a detached run's supervisor has its own.
+        self.signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        self.after_start: Callable[[], None] | None = None  # called once every node was told to start
         self.hang: HangWatch | None = None
         if self.settings.hang_timeout:
             self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, self._send_running,
-                                  self._save, self.console.info, self._record, self._fail, plan.master.name)
+                                  self.relay.save, self.console.info, self._record, self._fail, plan.master.name)
         self.stragglers = StragglerWatch(self.console.info, self._record) if plan.nnodes > 1 else None
         self.watch: DataPathWatch | None = None
         if self.settings.path_watch and plan.nnodes > 1:
@@ -81,6 +86,8 @@ class Supervisor:
                                        self._path_lost, self._record)
         self.live = LiveNodes(run_dir, self.outcome.nodes, timeline or Timeline(), self.watch is not None,
                               self.relay.failed)
+        # The nodes' samples into the run's series, judged for traffic on the wrong NIC (runs/series.py, traffic.py).
+        self.series = SeriesWriter(run_dir.path, judge=WrongNicJudge.from_plan(plan.to_dict()))
 
     # ------------------------------------------------------------ start
 
@@ -93,7 +100,7 @@ class Supervisor:
                         stacks=self.hang is not None or bool(self.plan.job.attempt or self.plan.job.restarts),
                         load_every=self.settings.load_every if self.stragglers is not None else 0.0,
                         watch_interval=self.settings.watch_interval if self.watch is not None else None,
-                        watch_dead_after=self.settings.watch_dead_after)
+                        watch_dead_after=self.settings.watch_dead_after, sample_every=self.settings.sample_every)
 
     def _start_all(self) -> None:
         """``go`` to every node's waiting agent: their frames come to the event queue from now on."""
@@ -170,6 +177,10 @@ class Supervisor:
                 rank.state, rank.exit_code, rank.signal = RankState.failed, event.get("rc"), event.get("signal")
                 rank.ended = event.get("time")
                 self._fail(Failure(name, rank.rank, rank.exit_code or 1, rank.signal, "exited while others ran"))
+        elif kind == protocol.SAMPLE:
+            for verdict in self.series.on_sample(name, event):
+                self.console.info(verdict.message())
+                self._record(verdict.record_event())
         elif kind == protocol.LOAD and self.stragglers is not None:
             self.stragglers.on_load(name, event)
         elif kind == protocol.STACK and self.hang is not None:
@@ -222,18 +233,19 @@ class Supervisor:
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        return {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        return {sig: signal.signal(sig, self._on_signal) for sig in self.signals}
 
     def _handle_signals(self) -> None:
         while self._signals:
             signum = self._signals.pop(0)
-            if self.outcome.interrupted_by is None:
+            to = signal_order(signum, first=self.outcome.interrupted_by is None)
+            if to is Phase.STOPPING:
                 self.outcome.interrupted_by = signum
                 self.console.info(f"{signal.Signals(signum).name}: stopping all nodes (again to kill at once)")
-                self.phase.stop(Phase.STOPPING)
-            else:
+            elif to is Phase.KILLING:
                 self.console.info("killing all nodes now")
-                self.phase.stop(Phase.KILLING)
+            if to is not None:
+                self.phase.stop(to)
 
     # ------------------------------------------------------------ the loop
 
@@ -242,6 +254,8 @@ class Supervisor:
         previous = self._install_signals()
         try:
             self._start_all()
+            if self.after_start is not None:
+                self.after_start()
             self._loop()
         finally:
             for sig, handler in previous.items():
@@ -350,25 +364,10 @@ class Supervisor:
             if name not in self._ended:
                 stream.send(line)
 
-    def _save(self, relpath: str, data: bytes) -> str:
-        path = self.run_dir.path / relpath
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        except OSError as exc:
-            self.relay.failed(relpath, exc)
-        return str(path)
-
     def _record(self, event: dict[str, Any]) -> None:
         """An event of the run (the watch's findings): kept in order, and in status.json at once."""
         self.outcome.events.append(event)
-        current = read_record(self.run_dir)  # it holds the earlier attempts' events, if any
-        if current.state is RunState.running:
-            try:
-                write_record(self.run_dir, current.with_event(
-                    {**event, "attempt": self.plan.job.attempt} if current.attempts else event))
-            except OSError as exc:
-                self.relay.failed("status.json", exc)
+        self.live.add_event(event, self.plan.job.attempt)
 
     def _path_lost(self, verdict: Verdict) -> None:
         if self.settings.on_path_loss == "warn":

@@ -14,13 +14,22 @@ from clusterrun.errors import ClusterrunError, GpusLeased, StartError, UsageErro
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
-from clusterrun.launch.detach import start_detached
-from clusterrun.launch.outcome import Attempt, RankState, RunOutcome, Signature, no_restart, signature, untrusted_nodes
+from clusterrun.launch.outcome import (
+    Attempt,
+    RankState,
+    RunOutcome,
+    Signature,
+    no_restart,
+    notify_end,
+    notify_start,
+    signature,
+    untrusted_nodes,
+)
 from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.ready import NodeReady, check_ready, drop, image_lines, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
-from clusterrun.launch.replan import CannotContinue, GpuWait, backoff, plan_with_facts, recompose
-from clusterrun.launch.settings import RestartSettings, SupervisorSettings, with_restarts
+from clusterrun.launch.replan import CannotContinue, GpuWait, backoff, plan_with_facts, recompose, with_restarts
+from clusterrun.launch.settings import RestartSettings, SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier
 from clusterrun.plan import LaunchPlan, build_plan
@@ -80,19 +89,6 @@ def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transpor
         console.info(f"network paths to {plan.master.name} ok ({report.seconds:.1f}s)")
     finally:
         run_dir.write_json("preflight.json", record)
-
-
-def _notify_end(notifier: Notifier, outcome: RunOutcome, plan: LaunchPlan, run_dir: RunDir, console: Console) -> None:
-    failure = outcome.first_failure
-    duration = (outcome.ended or time.time()) - outcome.started
-    text = (f"clusterrun: run {plan.run_id} {outcome.state.value} after {duration:.0f}s (exit code "
-            f"{outcome.exit_code})" + (f": {failure.describe()}" if failure else ""))
-    notifier.send("end", text, run_id=plan.run_id, state=outcome.state.value, exit_code=outcome.exit_code,
-                  nodes=[n.name for n in plan.nodes], first_failure=failure.to_dict() if failure else None,
-                  run_dir=str(run_dir.path), duration=duration, logs_complete=outcome.logs_complete)
-    for missed in notifier.close():  # waits a second at most: a slow webhook never holds the run
-        console.info(f"--notify {missed.url}: the {missed.event!r} document "
-                     + (f"was not delivered ({missed.error})" if missed.error else "was still on its way"))
 
 
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
@@ -166,18 +162,9 @@ class _Run:
         try:
             plan, ready, attempt = self._prepare(plan, Attempt(0, [n.name for n in plan.nodes]))
             if detach:
-                go = time.time()
-                launched = start_detached(plan, _links(ready), {name: r.stage for name, r in ready.items()},
-                                          self.settings.grace)
-                for name, at in launched.items():  # go: until the node's torchrun started
-                    self.timeline.span([name], "go", go, self.timeline.on_our_clock(name, at) or go)
-                self._write(read_record(self.run_dir).replace(
-                    state=RunState.detached, started=time.time(), pid=None, detached=True,
-                    nodes={n: NodeRecord(launched=t, timeline=self.timeline.of(n)) for n, t in launched.items()}))
+                self._detach(plan, ready)
                 return None, self.run_dir
-            self.notifier.send("start", f"clusterrun: run {plan.run_id} started on {plan.nnodes} node(s), "
-                                        f"{plan.world_size} rank(s)", run_id=plan.run_id, state="running",
-                               nodes=[n.name for n in plan.nodes], run_dir=str(self.run_dir.path))
+            notify_start(self.notifier, plan, str(self.run_dir.path))
             outcome = self._run(plan, ready, attempt)
         except StartError as exc:
             self._write(read_record(self.run_dir).replace(state=RunState.not_started, pid=None, ended=time.time(),
@@ -197,8 +184,24 @@ class _Run:
             raise
         outcome, plan = self._restarts(plan, outcome)
         self._finish(outcome)
-        _notify_end(self.notifier, outcome, plan, self.run_dir, self.console)
+        notify_end(self.notifier, outcome, plan, str(self.run_dir.path))
+        for missed in self.notifier.close():  # waits a second at most: a slow webhook never holds the run
+            self.console.info(f"--notify {missed.url}: the {missed.event!r} document "
+                              + (f"was not delivered ({missed.error})" if missed.error else "was still on its way"))
         return outcome, self.run_dir
+
+    def _detach(self, plan: LaunchPlan, ready: Mapping[str, NodeReady]) -> None:
+        """Hand the checked run to its supervisor on rank 0's node (clusterrun/detached/start.py)."""
+        from clusterrun.detached.start import SUPERVISOR_FILE, start_on_cluster
+
+        started = time.time()
+        host = start_on_cluster(plan, _links(ready), self.transports[plan.master.name],
+                                {name: r.stage for name, r in ready.items()}, self.settings,
+                                self.notifier.urls, started)
+        self.run_dir.write_json(SUPERVISOR_FILE, host.to_dict())
+        self._write(read_record(self.run_dir).replace(
+            state=RunState.detached, started=started, pid=None, detached=True,
+            nodes={n.name: NodeRecord(timeline=self.timeline.of(n.name)) for n in plan.nodes}))
 
     # ------------------------------------------------------------ one attempt
 

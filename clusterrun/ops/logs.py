@@ -70,16 +70,19 @@ def fetch(run: RunDir, received: dict[tuple[str, int, str], int], *, partial: bo
     return results
 
 
-def record_detached_end(run: RunDir, results: Mapping[str, NodeLogs]) -> None:
+def record_detached_end(run: RunDir, results: Mapping[str, NodeLogs], note: str | None = None) -> None:
     """Once nothing of a detached run is left: copy its rank logs into runs/ and record its end from the nodes.
 
     ``results``: the last :func:`fetch` (each node's exit record), judged as an attached run's nodes are
     (:mod:`clusterrun.runs.judge`): the run's first failure is the earliest, torchrun's root cause first, and
-    ranks that torchrun stopped because of another are not failures.
+    ranks that torchrun stopped because of another are not failures. ``note``: why the end is judged here (a
+    run whose supervisor on rank 0's node died before it recorded the end; its record says running).
     """
     record = read_record(run)
-    if record.state is not RunState.detached:
+    if record.state not in (RunState.detached, RunState.running):
         return
+    if note:
+        record = record.replace(notes=(*record.notes, note))
     # The whole logs, so that runs/<id>/ holds them like any run's.
     for name, r in fetch(run, {}, partial=True).items():
         for rank, data in r.by_rank().items():

@@ -6,6 +6,7 @@ agent.py            the node agent's entry: reads a mode's spec and runs it (mod
 session.py          the agent's first phase (``prepare``): the ready check and the path probes before ``go``
 job.py              the agent's ``run`` (and ``go``): torchrun in its own session, its output relayed, stopped
 warm.py             a torchrun started at the ready check, importing torch until ``go`` hands it the job
+mirror.py           the agent's ``mirror``: a detached run's record, from its supervisor's directory on rank 0's node
 collect.py          the agent's ``collect``: what is left of a run after a broken stream, and its missing logs
 execmode.py         the agent's ``exec``: one shell command for ``clusterrun exec``
 procs.py            the agent's process tools: descendants, a run's marked processes, stopping them
@@ -13,8 +14,13 @@ leases.py           the GPU and master-port leases a run holds on a node for its
 protocol.py         the agent's contract: each mode's spec (keys, types, the one set of defaults) and the wire
                     protocol (events, payloads, commands); written by the agent, read by clusterrun
 wire.py             the agent's output: events written whole
+relay.py            a detached run: the agent's stream moved to the run's supervisor on rank 0's node (handshake)
+bundle.py           clusterrun's own modules taken to a node whole: the cluster supervisor of a detached run
 tailing.py          the agent's reading of the rank log files, sent on as ``out`` events
 pathwatch.py        the agent's data-path watch: UDP probes to its peers, answers to theirs
+sampler.py          the agent's series of the node: NICs, RDMA ports, ranks, load, GPUs, every few seconds
+ranksockets.py      its part on the ranks' own TCP connections: which NIC, which peers, how many bytes
+gpuloop.py          its GPU part: one looping nvidia-smi for the run, bounded, restarted when it hangs or dies
 stacks.py           the agent's stack dumps of its workers (py-spy, or the hook below)
 stackhook.py        a sitecustomize for the workers: faulthandler on a signal, for stacks without py-spy
 ready.py            the ready check before a launch: python, torch, run directory, master port, staged
@@ -51,9 +57,13 @@ def path(name: str) -> Path:
     return HERE / f"{name}.py"
 
 
+#: Node files given with a bundle (remote/bundle.py): a cluster supervisor has no files beside it, and hands these on.
+BUNDLED: dict[str, str] = {}
+
+
 @lru_cache(maxsize=None)
 def source(name: str) -> str:
-    return path(name).read_text(encoding="utf-8")
+    return BUNDLED.get(name) or path(name).read_text(encoding="utf-8")
 
 
 def _packed(name: str) -> str:
@@ -61,8 +71,9 @@ def _packed(name: str) -> str:
 
 
 # What the agent imports, sent with it, in import order.
-AGENT_MODULES = ("protocol", "wire", "procs", "warm", "containers", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
-                 "ready", "session", "job", "collect", "execmode")
+AGENT_MODULES = ("protocol", "wire", "relay", "procs", "warm", "containers", "leases", "tailing", "pathwatch", "stacks", "flight", "gpufacts", "nodefacts",
+                 "ranksockets", "gpuloop", "sampler",
+                 "ready", "session", "job", "collect", "execmode", "mirror")
 #: The modules a program other than the agent imports, sent with it when it goes inline.
 PROGRAM_MODULES = {"nodefacts": ("gpufacts",)}
 

@@ -8,6 +8,7 @@
 ``collect`` after a broken stream: stop what is left of a run, send the log lines clusterrun lacks (collect.py)
 ``sweep``   stop every process of a run on this node (its environment carries ``CLUSTERRUN_RUN_ID``)
 ``ps``      list them; without a run id, every run on the node (its processes, every user's leases)
+``mirror``  a detached run's record, from its supervisor's directory on this node (mirror.py)
 =========== =================================================================================================
 
 Every mode but ``prepare`` reads its spec as the first line of stdin (base64 JSON, see protocol.py), never
@@ -22,19 +23,20 @@ import signal
 import sys
 
 if __package__:  # imported as part of clusterrun (by clusterrun itself, by tests)
-    from clusterrun.remote import collect, containers, execmode, job, leases, procs, protocol, session, wire
+    from clusterrun.remote import collect, containers, execmode, job, leases, mirror, procs, protocol, session, wire
 else:  # run on a node: as a file beside its modules, or sent inline with them (see clusterrun.remote.argv)
     import collect
     import containers
     import execmode
     import job
     import leases
+    import mirror
     import procs
     import protocol
     import session
     import wire
 
-USAGE = "usage: agent.py prepare | run | exec | collect | sweep | ps (each but prepare: its spec, base64 JSON, " \
+USAGE = "usage: agent.py prepare | run | exec | collect | sweep | ps | mirror (each but prepare: its spec, base64 JSON, " \
         "as the first line of stdin)\n"
 
 
@@ -71,6 +73,7 @@ MODES = {
     "collect": (protocol.COLLECT, collect.collect),
     "sweep": (protocol.SWEEP, sweep),
     "ps": (protocol.PS, ps),
+    "mirror": (protocol.MIRROR, mirror.mirror),
 }
 
 

@@ -11,7 +11,8 @@ here (``clusterrun.facts.gpus`` reads them with the parsers clusterrun tests on 
      "owners": {pid: {"user": name, "run_id": CLUSTERRUN_RUN_ID or null}}}   # of the compute processes
 
 The three calls run at once, each bounded by ``timeout``: a hung or failing nvidia-smi is reported as a
-sentence, never waited on for ever and never a crash. None when the node has no nvidia-smi.
+sentence, never waited on for ever and never a crash. Without nvidia-smi, only ``{"smi": null, "visible": ...}``
+where CUDA_VISIBLE_DEVICES is set (the node's own limit holds all the same), else None.
 """
 
 import os
@@ -90,12 +91,14 @@ def owners(apps_text):
 
 
 def gather(environ=None, timeout=TIMEOUT, tool=None):
-    """The node's GPUs in nvidia-smi's words (see the module's docstring), or None without nvidia-smi."""
+    """The node's GPUs in nvidia-smi's words (see the module's docstring); without nvidia-smi, the node's
+    CUDA_VISIBLE_DEVICES alone, or None where it is not set."""
     environ = os.environ if environ is None else environ
     tool = tool or shutil.which("nvidia-smi", path=environ.get("PATH"))
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
     if tool is None:
-        return None
-    out = {"smi": tool, "visible": environ.get("CUDA_VISIBLE_DEVICES")}
+        return None if visible is None else {"smi": None, "visible": visible}
+    out = {"smi": tool, "visible": visible}
     env = dict(environ, LC_ALL="C")
     started = time.monotonic()
     procs = {}

@@ -28,7 +28,19 @@ import threading
 import time
 
 if __package__:
-    from clusterrun.remote import containers, flight, leases, pathwatch, procs, protocol, stacks, tailing, warm, wire
+    from clusterrun.remote import (
+        containers,
+        flight,
+        leases,
+        pathwatch,
+        procs,
+        protocol,
+        sampler,
+        stacks,
+        tailing,
+        warm,
+        wire,
+    )
 else:
     import containers
     import flight
@@ -36,6 +48,7 @@ else:
     import pathwatch
     import procs
     import protocol
+    import sampler
     import stacks
     import tailing
     import warm
@@ -260,6 +273,12 @@ class Agent:
             threading.Thread(target=self._report_load, args=(float(self.spec["load_every"]),), daemon=True,
                              name="load").start()
         threading.Thread(target=self._watch_stdin, daemon=True).start()
+        every = float(self.spec["sample_every"])
+        if every > 0:  # the node's series (sampler.py): NICs, RDMA ports, ranks, load, the run's GPUs
+            me, offset = os.getpid(), self.spec["rank_offset"]
+            sampler.Sampler(lambda: {offset + r: p for r, p in stacks.workers(procs.descendants(me)).items()},
+                            self.spec["gpus"], run_id=self.run_id, every=every).start(
+                every, lambda s: wire.emit(dict(s, ev=protocol.SAMPLE)), self.stopping, lambda: self.ended is not None or wire.is_broken())
         if self.heartbeat_timeout > 0 and not self.detached:
             threading.Thread(target=self._watch_heartbeat, daemon=True).start()
 

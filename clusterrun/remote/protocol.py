@@ -22,6 +22,8 @@ Events of ``agent.py run``:
 * ``path`` (peer, address, nic, state, since, time): a watched path is ``lost`` (no answer since ``since``) or
   ``ok`` again.
 * ``load`` (cpu: {rank: share of one CPU since the last report}, time): every few seconds, for stragglers.
+* ``sample`` (t, dt, nics, rdma, ranks, load, gpus, others, conns, env, gaps): every ``sample_every`` seconds,
+  the node's series (sampler.py gives the keys).
 * ``stack`` (rank, how, pid; payload: the dump's text) per worker after ``stacks``, then ``stacks_done`` (count).
 * ``exit`` (rc, signal, reason, ranks, logs, watch, time: when torchrun ended): always last, sent after every byte of every rank
   file; ``logs`` gives each rank file's size and line count: ``{"<rank>/<stream>": {"bytes", "sent", "lines"}}``;
@@ -68,6 +70,7 @@ STARTED, OUT, LAUNCHER, ERROR, RANK_FAILED, PONG, EXIT = ("started", "out", "lau
 SWEPT, ALIVE, LOG, RECORD, LINE = "swept", "alive", "log", "record", "line"
 WATCHING, PATH = "watching", "path"
 STACK, STACKS_DONE, LOAD, FLIGHT = "stack", "stacks_done", "load", "flight"
+SAMPLE = "sample"
 STREAM_ERROR = "stream_error"  # made by clusterrun's reader when a stream fails, never sent by an agent
 # Commands (clusterrun -> agent), one per line on the agent's stdin.
 PING, TERM, KILL, WATCH, STACKS = "ping", "term", "kill", "watch", "stacks"
@@ -282,6 +285,7 @@ RUN = Spec("run", {
     "stage": ((list,), list),  # [cache path, destination, kind] per staged file
     "stacks": ((dict, None), None, STACKS_SPEC),
     "load_every": ((float,), 0.0),  # 0: no ``load`` events
+    "sample_every": ((float,), 0.0),  # 0: no ``sample`` events (the node's series, sampler.py)
     "watch": ((dict, None), None, WATCH_SPEC),
     "gpus": ((list,), list),  # the GPUs the run leases on this node for its whole life (see leases.py)
     "container": ((dict, None), None, CONTAINER),  # none: torchrun runs on the host
@@ -332,7 +336,15 @@ CHECK = Spec("check", {
     "env": ((dict,), dict),  # the job's environment: the runtime is asked with it, as it runs the job with it
     "warm": ((dict, None), None, WARM),  # start the job's torchrun now (null: at go)
 })
-SPECS = {spec.mode: spec for spec in (RUN, EXEC, COLLECT, SWEEP, PS, CHECK)}
+MIRROR = Spec("mirror", {  # a detached run's record from its supervisor's node (mirror.py)
+    "run_id": ((str,), REQUIRED),
+    "node": ((str,), REQUIRED),  # the supervisor's node marker (clusterrun.detached.host.marker_node)
+    "dir": ((str,), REQUIRED),  # the record's directory there
+    "have": ((dict,), dict),  # {path under dir: bytes the caller has} of its log files
+    "max_bytes": ((int,), COLLECT_MAX_BYTES),  # per file, per call
+    "stop": ((str, None), None),  # who asks the run to stop (clusterrun down), or null
+})
+SPECS = {spec.mode: spec for spec in (RUN, EXEC, COLLECT, SWEEP, PS, CHECK, MIRROR)}
 
 
 def encode_spec(spec: dict[str, Any]) -> str:

@@ -16,27 +16,34 @@ with one event each (see protocol.py), and then becomes the job's agent on ``go`
   {address: ok or failed}, or missing: true without a ping command).
 * ``go <spec>``: the run's spec (``protocol.RUN``, base64 JSON, as ``agent.py run`` reads it); the listener closes (the
   port is torchrun's now) and the job starts.
+* ``relay <json>``: a detached run: connect to its supervisor on rank 0's node (relay.py) and take every later
+  command from that connection and send every later event to it; answered by ``relayed`` (here, before the
+  move; with ``error`` when the supervisor cannot be reached or proven). The end of stdin is no longer the end.
 * ``ping``: answered by ``pong``.
 
 The end of stdin (clusterrun went away), ``stop``, or no command for ``idle`` seconds (from the check's
 spec) ends the program without starting anything. Standard library only, like the rest of the agent.
 """
 
+import io
 import json
 import os
 import queue
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
 if __package__:
-    from clusterrun.remote import procs, protocol, ready, warm, wire
+    from clusterrun.remote import procs, protocol, ready, relay, warm, wire
 else:
     import procs
     import protocol
     import ready
+    import relay
     import warm
     import wire
 
@@ -48,17 +55,38 @@ DEFAULT_IDLE = 900.0
 _MAX_WAIT = 30.0  # a probe's own timeout is capped here: nothing in this phase waits longer
 
 
-def _lines(stdin, out: "queue.Queue") -> None:
+def _lines(stdin, out: "queue.Queue", source: int = 0) -> None:
     """Read command lines until ``go`` (whose line is the last this thread takes: the job's agent reads the rest
-    from the same buffer) or the end of stdin."""
+    from the same buffer) or the end of stdin. Each line goes out as ``(source, line)``."""
     while True:
         try:
             line = stdin.readline()
         except (OSError, ValueError):
             line = b""
-        out.put(line)
+        out.put((source, line))
         if not line or line.split(b" ", 1)[0].strip() == GO.encode():
             return
+
+
+def _relay(arg: str, lines: "queue.Queue", source: int) -> bool:
+    """Move this agent's stream to the run's supervisor (``relay`` command): True once it is there."""
+    try:
+        args = json.loads(arg)
+        sock = relay.connect(str(args["address"]), int(args["port"]), str(args["secret"]), str(args["run_id"]),
+                             str(args["node"]), min(float(args.get("timeout", relay.HANDSHAKE_TIMEOUT)), _MAX_WAIT))
+    except (ValueError, KeyError, TypeError, OSError, relay.HandshakeError) as exc:
+        wire.emit({"ev": protocol.ERROR, "text": "clusterrun agent: cannot reach the run's supervisor: %s"
+                   % (getattr(exc, "strerror", None) or exc)})
+        return False
+    wire.emit({"ev": relay.RELAYED})
+    # The session that started this agent may end from now on: its hang-up and its end of stdin change nothing.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    reader = sock.makefile("rb")
+    wire.OUT_FD = sock.fileno()
+    wire.keep(sock)
+    sys.stdin = io.TextIOWrapper(reader, encoding="utf-8", errors="replace")  # the job's agent reads its commands here
+    threading.Thread(target=_lines, args=(reader, lines, source), daemon=True, name="relayed-commands").start()
+    return True
 
 
 class Listener:
@@ -169,12 +197,15 @@ def serve(stdin, start_run) -> int:
     threading.Thread(target=_lines, args=(stdin, lines), daemon=True, name="commands").start()
     idle = DEFAULT_IDLE
     listener = None
+    source = 0  # where commands come from: stdin (0), then the supervisor's connection (1) after ``relay``
     try:
         while True:
             try:
-                raw = lines.get(timeout=idle)
+                came, raw = lines.get(timeout=idle)
             except queue.Empty:
                 return 3  # clusterrun said nothing for too long: nothing was started here
+            if came != source:
+                continue  # the stream this agent left (after ``relay``): its end is not this agent's end
             if not raw:
                 return 0
             word, _, arg = raw.decode("utf-8", errors="replace").strip().partition(" ")
@@ -208,6 +239,9 @@ def serve(stdin, start_run) -> int:
                 wire.emit({"ev": PINGED, "results": results or {}, "missing": results is None})
             elif word == protocol.PING:
                 wire.emit({"ev": protocol.PONG})
+            elif word == relay.RELAY and source == 0:
+                if _relay(arg, lines, 1):
+                    source = 1
             elif word == GO:
                 if listener is not None:
                     listener.close()  # the master port is torchrun's from here on

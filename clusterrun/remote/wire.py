@@ -37,6 +37,14 @@ def emit(event: dict, payload: bytes = b"") -> bool:
     return True
 
 
+_kept: list = []
+
+
+def keep(obj) -> None:
+    """Hold the object behind OUT_FD (a socket) for the agent's life: its descriptor must not close under us."""
+    _kept.append(obj)
+
+
 def is_broken() -> bool:
     """The stream is gone (clusterrun closed it, or the connection died): nothing more can be sent."""
     return _out_broken

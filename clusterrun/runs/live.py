@@ -115,6 +115,16 @@ class LiveNodes:
         except OSError as exc:
             self._failed("status.json", exc)
 
+    def add_event(self, event: dict[str, Any], attempt: int) -> None:
+        """An event of the run into status.json at once (after the earlier attempts' events it holds)."""
+        current = read_record(self.run_dir)
+        if current.state is not RunState.running:
+            return
+        try:
+            write_record(self.run_dir, current.with_event({**event, "attempt": attempt} if current.attempts else event))
+        except OSError as exc:
+            self._failed("status.json", exc)
+
     def finish(self) -> None:
         """The timeline of every node into its outcome (for the run's end in status.json)."""
         for name, node in self.nodes.items():

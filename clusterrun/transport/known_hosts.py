@@ -37,12 +37,11 @@ from clusterrun.errors import HostKeyError
 from clusterrun.inventory.models import HostKeyPolicy
 from clusterrun.transport.paramiko_lib import paramiko
 from clusterrun.transport.ssh_target import SshTarget
-from clusterrun.transport.ssh_words import matches_pattern_list, warn_once
+from clusterrun.transport.ssh_words import expand_home, matches_pattern_list, warn_once
 
 log = logging.getLogger(__name__)
 _write_lock = threading.Lock()
 _MARKERS = {"@cert-authority", "@revoked"}
-_DEFAULT_USER_FILE = os.path.expanduser("~/.ssh/known_hosts")
 
 
 def fingerprint(blob: bytes) -> str:
@@ -241,7 +240,8 @@ def add_known_host(path: str, name: str, key: paramiko.PKey, *, hashed: bool) ->
 
 
 def _remove_command(name: str, path: str) -> str:
-    file = "" if path == _DEFAULT_USER_FILE else f" -f {path}"
+    # ssh-keygen's own default is ~/.ssh/known_hosts of the password database's home, as ssh's.
+    file = "" if path == expand_home("~/.ssh/known_hosts") else f" -f {path}"
     return f"ssh-keygen -R '{name}'{file}"
 
 

@@ -36,9 +36,11 @@ from clusterrun.inventory.models import SshSettings
 from clusterrun.transport.base import DEFAULT_COMMAND_TIMEOUT, CommandResult, Stream, Transport, shell_command
 from clusterrun.transport.known_hosts import HostKeyCheck, KnownHosts, prefer_key_types
 from clusterrun.transport.paramiko_lib import paramiko
+from clusterrun.transport.ssh_config import other_home_note
 from clusterrun.transport.ssh_proxy import ProxyCommand
 from clusterrun.transport.ssh_stream import SshStream
 from clusterrun.transport.ssh_target import SshTarget, resolve_target
+from clusterrun.transport.ssh_words import ssh_home
 
 _KEEPALIVE_S = 5
 _READ_TICK_S = 1.0
@@ -49,12 +51,15 @@ _HANDSHAKE_STALLED = re.compile(r"banner|No existing session|Negotiation timed o
 
 
 def _connect_error(node: str, target: SshTarget, exc: BaseException,
-                   proxy: ProxyCommand | None = None) -> TransportError:
+                   proxy: ProxyCommand | None = None, config_file: str | None = None) -> TransportError:
     where = target.describe()
     if isinstance(exc, HostKeyError):
         return exc
-    if isinstance(exc, paramiko.AuthenticationException):
-        keys = ", ".join(target.identity_files) or "ssh-agent and ~/.ssh/id_*"
+    # paramiko's words where it had nothing to offer (no key file, no agent key): an authentication failure too.
+    if isinstance(exc, paramiko.AuthenticationException) or str(exc) == "No authentication methods available":
+        keys = f"{', '.join(target.identity_files)} and ssh-agent" if target.identity_files else (
+            "ssh-agent only: no key file (IdentityFile none, or no ~/.ssh/id_* of the password database's home "
+            f"{ssh_home()})")
         return AuthError(node, f"authentication failed for {where} (tried {keys}); check the user, identity_file "
                                "and the node's ~/.ssh/authorized_keys")
     if proxy is not None:
@@ -68,8 +73,9 @@ def _connect_error(node: str, target: SshTarget, exc: BaseException,
                                       f"({target.proxy_origin}): the command runs, but what it connects to does "
                                       "not answer as an sshd")
     if isinstance(exc, socket.gaierror):
+        note = None if config_file else other_home_note()
         return ConnectError(node, f"cannot resolve host name {target.hostname!r}; check `host` in the inventory "
-                                  "or HostName in ssh_config")
+                                  f"or HostName in ssh_config{f' ({note})' if note else ''}")
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return ConnectError(node, f"{where} did not answer within {target.connect_timeout:g}s; is the node up and "
                                   "is its ssh port reachable from here (firewall, VPN, wrong address)?")
@@ -172,8 +178,8 @@ class SshTransport(Transport):
         try:
             client.connect(
                 target.hostname, port=target.port, username=target.user,
-                key_filename=list(target.identity_files) or None,
-                look_for_keys=not target.identity_files, allow_agent=True,
+                # The keys OpenSSH would offer, default keys included (paramiko's own look is in $HOME).
+                key_filename=list(target.identity_files) or None, look_for_keys=False, allow_agent=True,
                 # One bound per phase: TCP connect and key exchange, the banner, authentication, channels.
                 timeout=target.connect_timeout, banner_timeout=target.connect_timeout,
                 auth_timeout=target.connect_timeout, channel_timeout=target.connect_timeout, sock=sock,
@@ -182,7 +188,7 @@ class SshTransport(Transport):
         except Exception as exc:
             client.close()
             if isinstance(exc, (paramiko.SSHException, OSError, HostKeyError, EOFError)):
-                raise _connect_error(self.node, target, exc, proxy) from None
+                raise _connect_error(self.node, target, exc, proxy, self.settings.config_file) from None
             raise
         transport = client.get_transport()
         if transport is not None:

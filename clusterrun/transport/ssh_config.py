@@ -5,9 +5,10 @@ OpenSSH has checked them; elsewhere OpenSSH's ``ssh -G`` answers (:mod:`clusterr
 which when).
 
 ``~/.ssh/config`` (or the inventory's ``config_file``, which, like ``ssh -F``, replaces both files) is read
-first, then ``/etc/ssh/ssh_config``; for each keyword the first value that applies wins. ``Include`` is
-followed (relative names from ``~/.ssh``, or ``/etc/ssh`` in the system file; globs), ``Host`` and ``Match``
-blocks apply as in OpenSSH: ``Match exec`` runs its command (tokens expanded, under the user's shell, bounded)
+first, then ``/etc/ssh/ssh_config``; for each keyword the first value that applies wins. ``~`` is the home
+``ssh`` uses, the password database's (``$HOME`` does not change it; a ``$HOME`` with a ``.ssh/config`` of its
+own is said once). ``Include`` is followed (relative names from ``~/.ssh``, or ``/etc/ssh`` in the system
+file; globs), ``Host`` and ``Match`` blocks apply as in OpenSSH: ``Match exec`` runs its command (tokens expanded, under the user's shell, bounded)
 and its block applies when the command succeeds; ``Match all`` followed by other criteria is refused, as
 OpenSSH refuses it. A keyword OpenSSH does not know is an error with its file and line, unless an earlier
 ``IgnoreUnknown`` names it (OpenSSH stops there too: skipping it would connect where ``ssh`` would not). The
@@ -38,11 +39,13 @@ from clusterrun.errors import UsageError
 from clusterrun.transport.ssh_keywords import KEYWORDS
 from clusterrun.transport.ssh_words import (
     Origin,
+    expand_home,
     expand_tokens,
     local_user,
     matches_pattern_list,
     session_tokens,
     split_words,
+    ssh_home,
     warn_once,
 )
 
@@ -221,9 +224,9 @@ class _Lookup:
             raise UsageError(f"{origin}: Include nested more than {_MAX_INCLUDE_DEPTH} deep (does a file include "
                              "itself?)")
         for name in split_words(rest, origin):
-            name = os.path.expanduser(name)
+            name = expand_home(name)
             if not os.path.isabs(name):
-                name = os.path.join("/etc/ssh" if system else os.path.expanduser("~/.ssh"), name)
+                name = os.path.join("/etc/ssh" if system else os.path.join(ssh_home(), ".ssh"), name)
             for found in sorted(glob.glob(name)):
                 if os.path.isfile(found):
                     # An included file starts in the including block's state and cannot leave it.
@@ -306,8 +309,25 @@ def config_files(config_file: str | None) -> list[tuple[Path, bool]]:
             raise UsageError(f"{path}: ssh config_file {what} (set in the inventory's ssh settings or with "
                              "--ssh-config)")
         return [(path, False)]
-    candidates = [(Path(os.path.expanduser(DEFAULT_CONFIG)), False), (Path(SYSTEM_CONFIG), True)]
+    note = other_home_note()
+    if note:
+        warn_once(log, note)
+    candidates = [(Path(expand_home(DEFAULT_CONFIG)), False), (Path(SYSTEM_CONFIG), True)]
     return [(path, system) for path, system in candidates if path.is_file()]
+
+
+def other_home_note() -> str | None:
+    """One line for a ``$HOME`` that is not the home ``ssh`` uses (the password database's) and holds a
+    ``.ssh/config`` of its own: ``ssh``, and so clusterrun, read the other one; None otherwise."""
+    home, env_home = ssh_home(), os.environ.get("HOME")
+    if not env_home or os.path.realpath(env_home) == os.path.realpath(home):
+        return None
+    unread = os.path.join(env_home, ".ssh", "config")
+    if not os.path.isfile(unread):
+        return None
+    return (f"{unread} is not read: ssh reads ~/.ssh/config from the password database's home ({home}), not "
+            "$HOME, and so does clusterrun; to use the other file, pass --ssh-config $HOME/.ssh/config (or set "
+            "config_file in the inventory's ssh settings)")
 
 
 def lookup_config(host: str, files: list[tuple[Path, bool]], *, user: str | None = None) -> HostConfig:

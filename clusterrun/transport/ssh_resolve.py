@@ -22,7 +22,7 @@ Which reader is used, and why (docs/ssh.md has the table and the measurements):
   reader alone (tests run each case both ways).
 
 What the config *set*: ``ssh -G`` prints every option, defaults included, and clusterrun must keep its own
-defaults (accept-new host keys, a 10 s connect timeout, the identity files paramiko finds) where the user
+defaults (accept-new host keys, a 10 s connect timeout, the default keys of ``~/.ssh``) where the user
 configured nothing. So each answer is compared with ``ssh -G -F /dev/null`` (nothing configured: OpenSSH's
 defaults, run once per process): a value that differs was set by the config; ``hostname``, ``user`` and
 ``port`` are compared with the target itself. A value set to exactly OpenSSH's default reads as unset, which
@@ -57,7 +57,7 @@ from clusterrun.errors import UsageError
 from clusterrun.transport.jump_spec import parse_jump_spec
 from clusterrun.transport.ssh_config import MATCH_EXEC_TIMEOUT, HostConfig, Proxy, lookup_config
 from clusterrun.transport.ssh_keywords import KEYWORDS
-from clusterrun.transport.ssh_scan import Scan, openssh_files, scan, ssh_home
+from clusterrun.transport.ssh_scan import Scan, scan
 from clusterrun.transport.ssh_words import Origin
 
 READER_ENV = "CLUSTERRUN_SSH_CONFIG_READER"
@@ -73,6 +73,9 @@ _SAME_AS_TARGET = {"host", "hostname", "user", "port"}
 _MULTI = {"identityfile", "certificatefile", "sendenv", "setenv", "localforward", "remoteforward",
           "dynamicforward"}
 _BOOL = {"true": "yes", "false": "no"}  # ssh -G prints some yes/no options as true/false
+#: Values ``ssh -G`` prints with their ``%`` tokens (``%%`` included) already expanded: their ``%`` is kept as
+#: ``%%``, so that the expansion clusterrun applies to every reader's values gives them back as printed.
+_EXPANDED = frozenset({"hostname", "userknownhostsfile"})
 
 _slots = threading.BoundedSemaphore(MAX_PROCESSES)
 _answers: dict[tuple[object, ...], tuple[HostConfig, float]] = {}
@@ -110,13 +113,11 @@ def host_config(host: str, config_file: str | None, files: list[tuple[Path, bool
     ssh = ssh_binary()
     if ssh is None:
         return lookup_config(host, files, user=user)
-    found = scan(openssh_files(config_file))
+    found = scan(files)  # the files ssh reads: ~/.ssh/config from the same (password database's) home
     if _choice() != "openssh":
         if not found.sets_any(USED):
             return HostConfig()
-        same_files = [p for p, _ in files] == [p for p, _ in openssh_files(config_file)]
-        tilde = os.path.expanduser("~") == ssh_home()
-        if same_files and host == host.lower() and found.plain(USED, tilde):
+        if host == host.lower() and found.plain(USED):
             _validate(ssh, found, host)
             return lookup_config(host, files, user=user)
     key = (config_file, host, user, port, jump_given, found.version)
@@ -271,7 +272,8 @@ def _to_host_config(host: str, user: str | None, port: int | None, values: dict[
 
     first = {k: v[0] for k, v in values.items() if v}
     if first.get("hostname", host.lower()) != host.lower():
-        config.values["hostname"] = (first["hostname"], origin("hostname", first["hostname"]))
+        config.values["hostname"] = (_unexpanded("hostname", first["hostname"]),
+                                     origin("hostname", first["hostname"]))
     if user is None and first.get("user") not in (None, *baseline.get("user", [])):
         config.values["user"] = (first["user"], origin("user", first["user"]))
     if port is None and first.get("port") not in (None, *baseline.get("port", [])):
@@ -290,5 +292,10 @@ def _to_host_config(host: str, user: str | None, port: int | None, values: dict[
             config.proxy = Proxy("jump", said[0], where or label)
         else:
             value = " ".join(said) if keyword in _MULTI else said[0]
-            config.values[keyword] = (value, origin(keyword, value))
+            config.values[keyword] = (_unexpanded(keyword, value), origin(keyword, value))
     return config
+
+
+def _unexpanded(keyword: str, value: str) -> str:
+    """``value`` as ``ssh -G`` printed it, safe from a second ``%`` expansion (``HostName 100%%h`` is ``100%h``)."""
+    return value.replace("%", "%%") if keyword in _EXPANDED else value

@@ -2,44 +2,27 @@
 is needed at all, and for naming the file and line a value printed by ``ssh -G`` came from.
 
 The scan follows every ``Include`` whatever block it sits in (a superset of what applies), so "no line sets a
-keyword clusterrun uses" read here is true of every host. ``ssh`` itself finds ``~/.ssh/config`` in the
-password database's home, not ``$HOME``; so does this scan.
+keyword clusterrun uses" read here is true of every host. Like ``ssh`` (and clusterrun's reader), it takes
+``~`` from the password database's home, not ``$HOME``.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-import pwd
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterrun.errors import UsageError
-from clusterrun.transport.ssh_config import SYSTEM_CONFIG, config_lines
+from clusterrun.transport.ssh_config import config_lines
 from clusterrun.transport.ssh_keywords import KEYWORDS
-from clusterrun.transport.ssh_words import Origin, split_words
+from clusterrun.transport.ssh_words import Origin, expand_home, split_words, ssh_home
 
 _MAX_DEPTH = 16
 #: Values ``ssh -G`` prints as written, tokens and all, which clusterrun then expands as it does for its reader.
 _RAW = frozenset({"proxycommand", "identityfile"})
-
-
-def ssh_home() -> str:
-    """The home directory ``ssh`` uses for ``~``: the password database's, which ``$HOME`` does not change."""
-    try:
-        return pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:
-        return os.path.expanduser("~")
-
-
-def openssh_files(config_file: str | None) -> list[tuple[Path, bool]]:
-    """The files ``ssh`` reads (``-F FILE`` alone, or the user's file then the system file), those that exist."""
-    if config_file:
-        return [(Path(os.path.expanduser(config_file)), False)]
-    candidates = [(Path(ssh_home()) / ".ssh" / "config", False), (Path(SYSTEM_CONFIG), True)]
-    return [(path, system) for path, system in candidates if path.is_file()]
 
 
 @dataclass
@@ -73,24 +56,23 @@ class Scan:
                 keyword in keywords or keyword not in KEYWORDS for _, keyword, _ in self.lines)
         return self._memo[key]
 
-    def plain(self, used: frozenset[str], tilde: bool) -> bool:
-        key = ("plain", used, tilde)
+    def plain(self, used: frozenset[str]) -> bool:
+        key = ("plain", used)
         if key not in self._memo:
-            self._memo[key] = self._plain(used, tilde)
+            self._memo[key] = self._plain(used)
         return self._memo[key]
 
-    def _plain(self, used: frozenset[str], tilde: bool) -> bool:
+    def _plain(self, used: frozenset[str]) -> bool:
         """Whether clusterrun's reader gives what ``ssh -G`` gives for every host of these files, once OpenSSH
         has accepted each file: ``Host`` blocks only (no ``Match``: no exec, final or user criteria), every
         keyword one OpenSSH knows, no ``%`` token or ``${VAR}`` in a value clusterrun uses (but for ProxyCommand
-        and IdentityFile, which ``ssh -G`` prints unexpanded as clusterrun's reader keeps them), nor ``~`` unless
-        ``tilde`` (``ssh`` takes ``~`` from the password database: ``$HOME`` must agree), no upper case in a
-        HostName (``ssh`` lowers it), no ``CanonicalizeHostname`` (OpenSSH reads the files again for the new
-        name), and no ``none`` ProxyJump or ProxyCommand (how OpenSSH 9.2 lets a later one apply after it
+        and IdentityFile, which ``ssh -G`` prints unexpanded as clusterrun's reader keeps them; ``~`` is the same
+        for both, the password database's home), no upper case in a HostName (``ssh`` lowers it), no
+        ``CanonicalizeHostname`` (OpenSSH reads the files again for the new name), and no ``none`` ProxyJump or ProxyCommand (how OpenSSH 9.2 lets a later one apply after it
         differs from later releases). Checked against ``ssh -G`` in tests/test_ssh_resolve.py."""
         if not self.complete:
             return False
-        marks = ("%", "${") if tilde else ("%", "${", "~")
+        marks = ("%", "${")
         for _, keyword, rest in self.lines:
             if keyword == "match" or keyword not in KEYWORDS:
                 return False
@@ -171,7 +153,7 @@ def _scan_into(lines: list[tuple[Origin, str, str]], version: list[tuple[str, in
             for name in names:
                 if "%" in name or "$" in name:
                     return False
-                name = name.replace("~", ssh_home(), 1) if name.startswith("~") else name
+                name = expand_home(name)
                 if not os.path.isabs(name):
                     name = os.path.join("/etc/ssh" if system else os.path.join(ssh_home(), ".ssh"), name)
                 matched = tuple(sorted(glob.glob(name)))

@@ -24,6 +24,8 @@ from clusterrun.transport.ssh_words import expand_path, expand_tokens, local_use
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 DEFAULT_GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+#: OpenSSH's default keys, in its order, of the types paramiko can use (not -sk, XMSS or DSA keys).
+DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")
 MAX_JUMP_DEPTH = 4
 
 
@@ -33,7 +35,7 @@ class SshTarget:
     hostname: str  # what is connected to
     port: int
     user: str
-    identity_files: tuple[str, ...]
+    identity_files: tuple[str, ...]  # the key files to offer (the agent's keys are offered too)
     jump: SshTarget | None  # the hop this host is reached through
     proxy_command: str | None  # or the command whose stdin/stdout is the connection (never both)
     proxy_origin: str  # where jump or proxy_command came from, for messages
@@ -93,11 +95,7 @@ def _resolve(host: str, settings: SshSettings, files: list[tuple[Path, bool]], *
     tokens = session_tokens(hostname, host, port, user, (found.words("hostkeyalias") or [None])[0])
     proxy_tokens = {k: tokens[k] for k in "hnpr"}
 
-    if identity_file:
-        identities: tuple[str, ...] = (os.path.expanduser(identity_file),)
-    else:
-        expanded = (expand_path(name, tokens, origin) for name, origin in found.identity_files)
-        identities = tuple(p for p in expanded if os.path.exists(p))
+    identities = _identities(identity_file, found, tokens)
 
     jump: SshTarget | None = None
     proxy_command: str | None = None
@@ -151,6 +149,18 @@ def _resolve(host: str, settings: SshSettings, files: list[tuple[Path, bool]], *
                      global_known_hosts=global_known, host_key_alias=(found.words("hostkeyalias") or [None])[0],
                      hash_known_hosts=(found.get("hashknownhosts") or "no").lower() == "yes",
                      policy=_policy(settings, found), connect_timeout=timeout)
+
+
+def _identities(identity_file: str | None, found: HostConfig, tokens: Mapping[str, str]) -> tuple[str, ...]:
+    """The key files to offer, as OpenSSH picks them: the inventory's (``ssh -i``), else ssh_config's
+    IdentityFile lines that name a file (``none`` names none), else, only where no IdentityFile line applies,
+    the default keys in ``~/.ssh`` of the home ssh uses (the password database's)."""
+    if identity_file:
+        return (os.path.expanduser(identity_file),)
+    if found.identity_files:
+        named = (expand_path(name, tokens, origin) for name, origin in found.identity_files if name.lower() != "none")
+        return tuple(p for p in named if os.path.exists(p))
+    return tuple(p for p in (expand_path(name, tokens, name) for name in DEFAULT_IDENTITIES) if os.path.exists(p))
 
 
 def _known_hosts_files(found: HostConfig, key: str, default: tuple[str, ...],

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import logging
 import os
+import pwd
 import re
 import threading
 from collections.abc import Mapping
@@ -92,15 +93,53 @@ def matches_pattern_list(patterns: list[str], text: str, *, case_sensitive: bool
     return hit
 
 
+def _account() -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwuid(os.getuid())
+    except KeyError:
+        return None
+
+
+def _account_name() -> str | None:
+    """The password database's name for this uid (as OpenSSH's ``getpwuid``), else ``$USER``/``$LOGNAME``."""
+    entry = _account()
+    if entry is not None:
+        return entry.pw_name
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or None
+
+
 def local_user() -> str:
-    return os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
+    """The user ``ssh`` connects as when none is set, and ``Match user``/``localuser`` and ``%u`` see: the
+    password database's entry of this uid, whatever ``$USER`` and ``$LOGNAME`` say (unset in containers and
+    cron). Only a uid with no entry falls back to them (``ssh`` itself refuses to run then)."""
+    name = _account_name()
+    if name is None:
+        raise UsageError(f"uid {os.getuid()} has no entry in the password database and $USER and $LOGNAME are "
+                         "unset, so there is no user to connect as (ssh refuses too: \"No user exists for uid\"); "
+                         "set the SSH user: user in the inventory's ssh settings, or --ssh-user")
+    return name
+
+
+def ssh_home() -> str:
+    """The home directory ``ssh`` uses for ``~`` and ``~/.ssh``: the password database's, which ``$HOME`` does
+    not change (``$HOME`` only where this uid has no entry)."""
+    entry = _account()
+    return entry.pw_dir if entry is not None else os.path.expanduser("~")
+
+
+def expand_home(path: str) -> str:
+    """``~`` as ``ssh`` expands it in ssh_config: the password database's home (``~user`` that user's)."""
+    if path == "~" or path.startswith("~/"):
+        return os.path.join(ssh_home(), path[2:]) if len(path) > 2 else ssh_home()
+    return os.path.expanduser(path)
 
 
 def session_tokens(hostname: str, host: str, port: int | str, user: str, host_key_alias: str | None = None
                    ) -> dict[str, str]:
     """The ``%`` tokens OpenSSH offers in file names, ``Match exec`` and the like, for one connection."""
     local_host = os.uname().nodename
-    return {"h": hostname, "n": host, "p": str(port), "r": user, "u": local_user(), "d": os.path.expanduser("~"),
+    return {"h": hostname, "n": host, "p": str(port), "r": user, "u": _account_name() or str(os.getuid()),
+            "d": ssh_home(),
             "i": str(os.getuid()), "L": local_host.split(".")[0], "l": local_host, "k": host_key_alias or host,
             # As OpenSSH 9.2: the SHA-1 of %l%h%p%r (names a ControlPath or a key per connection).
             "C": hashlib.sha1(f"{local_host}{hostname}{port}{user}".encode()).hexdigest()}
@@ -128,14 +167,15 @@ def expand_tokens(text: str, tokens: Mapping[str, str], origin: Origin | str) ->
 
 
 def expand_path(text: str, tokens: Mapping[str, str], origin: Origin | str) -> str:
-    """A file name from ssh_config: ``~``, ``${VAR}`` and ``%`` tokens expanded."""
+    """A file name from ssh_config: ``~`` (as ``ssh`` does: the password database's home), ``${VAR}`` and ``%``
+    tokens expanded."""
     def env(found: re.Match[str]) -> str:
         name = found.group(1)
         if name not in os.environ:
             raise UsageError(f"{origin}: environment variable {name} in {text!r} is not set")
         return os.environ[name]
 
-    return os.path.expanduser(expand_tokens(re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", env, text), tokens, origin))
+    return expand_home(expand_tokens(re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", env, text), tokens, origin))
 
 
 def parse_port(text: str, what: str, origin: Origin | str) -> int:

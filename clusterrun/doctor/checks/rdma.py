@@ -9,6 +9,7 @@ from functools import partial
 from clusterrun.doctor.checks.rdma_view import ACTIVE, RdmaView, evidence_of, port_names, rdma_nics, rdma_view
 from clusterrun.doctor.model import Evidence, Finding, Scope, Verdict
 from clusterrun.doctor.registry import Context, check
+from clusterrun.facts.node import RDMA_SOURCE
 from clusterrun.facts.parsers.ibdev2netdev import NetdevState
 from clusterrun.facts.parsers.ibstat import LinkLayer, PhysState, Port
 from clusterrun.inventory.models import Nic, NicKind
@@ -66,13 +67,20 @@ def _port_finding(node: str, nic: Nic, view: RdmaView) -> Finding:
     finding = partial(Finding, "ib.port", node=node, subject=f"{hca}/{number}")
     data: dict[str, object] = {"hca": hca, "port": number, "nic": nic.name}
     found, listed = view.port(hca, number), view.listed()
-    if found is None and view.sys_ports is not None and (hca, number) in view.sys_ports:
-        sys_layer, evidence = view.sys_ports[(hca, number)], evidence_of(node, [view.sys_section])
+    if found is None and (stateless := view.stateless(hca, number)) is not None:
+        # listed, but by a source without its state (plain ibdev2netdev, /sys without a readable state file)
+        source, sys_layer, sections = stateless
+        evidence = evidence_of(node, sections)
         if sys_layer and sys_layer != want.value:
             return _layer_mismatch(finding, node, nic, name, sys_layer, evidence, data)
-        return finding(Verdict.warned, f"{node}: {name} exists ({sys_layer or 'link layer unknown'}) but its state "
-                       f"could not be read: {view.unread()}", hint=INSTALL_HINT, evidence=evidence,
-                       data={**data, "source": "rdma_sys"})
+        entry = view.netdevs.port(hca, number) if view.netdevs is not None else None
+        seen = f"{sys_layer or 'link layer unknown'}" + (
+            f"; ibdev2netdev: {entry.netdev} {entry.state.value}" if entry is not None else "")
+        why = view.unread() + (", ibdev2netdev shows no port state for it (`ibdev2netdev -v` does)"
+                               if entry is not None and entry.port_state is None else "")
+        return finding(Verdict.warned, f"{node}: {name} exists ({seen}) but its state could not be read: {why}",
+                       hint=INSTALL_HINT, evidence=evidence,
+                       data={**data, "source": "rdma_sys" if source == RDMA_SOURCE else source})
     if found is None and listed is None:
         return finding(Verdict.warned, f"{node}: the state of {name} could not be read: {view.unread()}",
                        hint=INSTALL_HINT, evidence=evidence_of(node, [s for s, _ in view.errors.values()]), data=data)

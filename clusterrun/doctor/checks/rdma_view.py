@@ -61,6 +61,19 @@ class RdmaView:
             return "ibdev2netdev", {(p.hca, p.port) for p in self.netdevs.ports}, [self.netdev_section]
         return None
 
+    def stateless(self, hca: str, number: int) -> tuple[str, str | None, list[Section | None]] | None:
+        """(source, link layer if known, sections) for a port listed by a source that gives no state: the
+        reporter's /sys listing (a state file it could not read), ``ibdev2netdev`` without ``-v`` (only the netdev);
+        None where neither lists it."""
+        found: list[tuple[str, str | None, Section | None]] = []
+        if self.sys_ports is not None and (hca, number) in self.sys_ports:
+            found.append((RDMA_SOURCE, self.sys_ports[(hca, number)] or None, self.sys_section))
+        if self.netdevs is not None and self.netdevs.port(hca, number) is not None:
+            found.append(("ibdev2netdev", None, self.netdev_section))
+        if not found:
+            return None
+        return found[0][0], next((layer for _, layer, _ in found if layer), None), [s for *_, s in found]
+
     def owner(self, netdev: str) -> PortNetdev | None:
         """The port ibdev2netdev shows driving ``netdev``."""
         return self.netdevs.of_netdev(netdev) if self.netdevs is not None else None

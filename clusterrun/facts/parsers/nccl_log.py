@@ -6,12 +6,25 @@ ignored, so a tail with no NCCL line parses to an empty :class:`NcclLog` (NCCL_D
 unset, or the job died before NCCL started); ``nccl_lines`` tells which. Each known
 failure becomes a :class:`Finding` with a hint; an unknown ``NCCL WARN`` line is still
 reported (kind OTHER_WARN), never dropped.
+
+The network and its devices, in the forms NCCL has printed them::
+
+    NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [RO]; OOB eth0:10.2.0.4<0>     (2.4 and later; NET/Socket alike)
+    Using network IB
+    NET : Using interface enp1s0f0:100.97.16.164<0>     (before 2.4: one line per interface found, then:)
+    NET/Socket : 1 interfaces found                     (those interfaces are the socket transport's)
+    NET/IB : Using interface enp1s0f0 for sideband communication     (the IB transport's OOB interface)
+    NET/IB: [0] mlx5_3:1/IB                             (one line per HCA port)
+    Using internal Network IB
+
+The oldest (2.0 to 2.2) print ``host:pid:tid [dev] INFO ...`` without the word NCCL. The network is the one
+NCCL says it uses (``Using network``), else the last one that listed devices; its devices are the last it listed.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from clusterrun.errors import ParseError
@@ -65,10 +78,17 @@ _RULES: tuple[tuple[FailureKind, re.Pattern[str], str], ...] = (
 )
 # WARN lines that do not stop NCCL: it falls back to sockets when libibverbs is absent.
 _BENIGN_WARN = re.compile(r"Failed to open libibverbs")
-_NET_USING = re.compile(r"NET/(?P<net>(?!Plugin)\w+) : Using (?P<list>.*)$")
+_NET_USING = re.compile(r"NET/(?P<net>(?!Plugin)\w+) : Using (?!interface )(?P<list>.*)$")
+# NCCL before 2.4 (see the module's text); NCCL 2.0 to 2.2 also left "NCCL" out of the line's prefix.
+_OLD_LINE = re.compile(r":\d+:\d+ \[\d+\] (?:\S+:\d+ )?(?P<level>INFO|WARN) ")
+_OLD_IFACE = re.compile(r"NET : Using interface (?P<name>[\w.@-]+)(?::(?P<addr>[^<\s]+)<\d+>)?")
+_OLD_FOUND = re.compile(r"NET/(?P<net>\w+) : (?P<n>\d+) interfaces? found")
+_OLD_SIDEBAND = re.compile(r"NET/IB : Using interface (?P<name>[\w.@-]+) for sideband communication")
+_OLD_IB_DEV = re.compile(r"NET/IB: \[(?P<i>\d+)\] (?P<name>[\w.-]+):(?P<port>\d+)/(?P<kind>IB|RoCE)")
+_USING_NETWORK = re.compile(r"Using (?:internal )?[Nn]etwork (\w+)")
 _SOCKET_DEV = re.compile(r"^\[(?P<i>\d+)\](?P<name>[\w.@-]+):(?P<addr>[^<\s]+)<\d+>$")
 _IB_DEV = re.compile(r"^\[(?P<i>\d+)\](?P<name>[\w.-]+):(?P<port>\d+)/(?P<kind>IB|RoCE)$")
-_BOOTSTRAP = re.compile(r"Bootstrap : Using (?:\[0\])?(?P<name>[\w.@-]+):(?P<addr>[^<\s]+)<\d+>")
+_BOOTSTRAP = re.compile(r"Bootstrap ?: Using (?:\[0\])?(?P<name>[\w.@-]+):(?P<addr>[^<\s]+)<\d+>")
 _VERSION = re.compile(r"NCCL version (?P<v>\d+\.\d+\.\d+\S*)")
 _RING = re.compile(r"NCCL INFO Channel \d+/(?P<n>\d+) :(?:\s+\d+)+\s*$")
 _NRANKS = re.compile(r"\brank \d+ n[Rr]anks (?P<n>\d+)(?: nNodes (?P<nodes>\d+))?")
@@ -121,40 +141,36 @@ def parse(text: str) -> NcclLog:
     not in a format we know (the devices would otherwise be silently wrong).
     """
     facts: dict[str, str] = {}
-    devices: tuple[NetDevice, ...] = ()
+    nets = _Nets()
     failures: list[Finding] = []
     init_complete = nccl_lines = 0
     gdr = False
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
-        if "NCCL" not in line and "ProcessGroupNCCL" not in line:
+        old = _OLD_LINE.search(line)
+        if "NCCL" not in line and old is None:
             continue
         nccl_lines += 1
-        if match := _NET_USING.search(line):
-            devices, oob = _devices(match["list"], raw, lineno)
-            facts["network"] = match["net"]
-            if oob:
-                facts["oob"] = oob
+        nets.read(line, raw, lineno)
         if match := _BOOTSTRAP.search(line):
-            facts["oob"] = f"{match['name']}:{match['addr']}"
+            nets.oob = f"{match['name']}:{match['addr']}"
         for key, pattern in (("version", _VERSION), ("channels", _RING), ("nranks", _NRANKS),
                              ("socket_ifname", _IFNAME_ENV)):
             if match := pattern.search(line):
                 facts[key] = match.group(1)
                 if key == "nranks" and match["nodes"]:
                     facts["nnodes"] = match["nodes"]
-        if match := re.search(r"Using network (\w+)", line):
-            facts["network"] = match.group(1)
         init_complete += "Init COMPLETE" in line
         gdr = gdr or "/GDRDMA" in line
-        finding = _finding(line, lineno)
+        finding = _finding(line, lineno, warn="NCCL WARN" in line or (old is not None and old["level"] == "WARN"))
         if finding is not None:
             failures.append(finding)
+    network = nets.said or nets.last
     return NcclLog(
         version=facts.get("version"),
-        network=facts.get("network"),
-        devices=devices,
-        oob=facts.get("oob"),
+        network=network,
+        devices=nets.listed.get(network or "", nets.listed.get(nets.last or "", ())),
+        oob=nets.oob,
         socket_ifname=facts.get("socket_ifname"),
         channels=int(facts["channels"]) if "channels" in facts else None,
         nranks=int(facts["nranks"]) if "nranks" in facts else None,
@@ -166,9 +182,51 @@ def parse(text: str) -> NcclLog:
     )
 
 
+@dataclass
+class _Nets:
+    """The networks' devices as the log lists them, later listings replacing earlier ones (module text)."""
+
+    listed: dict[str, tuple[NetDevice, ...]] = field(default_factory=dict)
+    last: str | None = None  # the network that listed devices last
+    said: str | None = None  # the network NCCL says it uses
+    oob: str | None = None  # the bootstrap or OOB interface, "eth0:10.2.0.4"
+    found: list[NetDevice] = field(default_factory=list)  # the last run of "NET : Using interface" lines
+    in_run: bool = False
+    ib: list[NetDevice] = field(default_factory=list)  # the old one-line-per-port IB listing
+
+    def read(self, line: str, raw: str, lineno: int) -> None:
+        in_run, self.in_run = self.in_run, False
+        if match := _NET_USING.search(line):
+            devices, oob = _devices(match["list"], raw, lineno)
+            if devices:  # none: NCCL found no device for it ("NET/IB : Using [RO]; OOB ...") and goes on without it
+                self._list(match["net"], devices)
+            self.oob = oob or self.oob
+        elif match := _OLD_IFACE.search(line):
+            self.found = self.found if in_run else []
+            self.found.append(NetDevice(len(self.found), match["name"], address=match["addr"]))
+            self.in_run = True
+        elif match := _OLD_FOUND.search(line):
+            count = int(match["n"])
+            found = self.found[-count:] if 0 < count <= len(self.found) else self.found
+            self._list(match["net"], tuple(replace(d, index=i) for i, d in enumerate(found)))
+        elif match := _OLD_SIDEBAND.search(line):
+            address = next((d.address for d in reversed(self.found) if d.name == match["name"] and d.address), None)
+            self.oob = f"{match['name']}:{address}" if address else match["name"]
+        elif match := _OLD_IB_DEV.search(line):
+            self.ib = [] if match["i"] == "0" else self.ib
+            self.ib.append(NetDevice(int(match["i"]), match["name"], port=int(match["port"]), link=match["kind"]))
+            self._list("IB", tuple(self.ib))
+        elif match := _USING_NETWORK.search(line):
+            self.said = match.group(1)
+
+    def _list(self, net: str, devices: tuple[NetDevice, ...]) -> None:
+        self.listed[net], self.last = devices, net
+
+
 def _devices(listing: str, raw: str, lineno: int) -> tuple[tuple[NetDevice, ...], str | None]:
-    """Devices and OOB interface from ``[0]mlx5_0:1/IB [1]... [RO]; OOB eth0:10.2.0.4<0>``."""
-    listing, _, oob = listing.partition("; OOB ")
+    """Devices and OOB interface from ``[0]mlx5_0:1/IB [1]... [RO]; OOB eth0:10.2.0.4<0>``; no devices where
+    NCCL found none but still names the OOB interface."""
+    listing, has_oob, oob = listing.partition("; OOB ")
     devices = []
     for token in listing.split():
         if token == "[RO]":  # relaxed ordering enabled
@@ -179,16 +237,16 @@ def _devices(listing: str, raw: str, lineno: int) -> tuple[tuple[NetDevice, ...]
             devices.append(NetDevice(int(match["i"]), match["name"], address=match["addr"]))
         else:
             raise ParseError(TOOL, f"unknown device entry {token!r} in a NET/... : Using line", line=raw, lineno=lineno)
-    if not devices:
+    if not devices and not has_oob:
         raise ParseError(TOOL, "a NET/... : Using line with no devices", line=raw, lineno=lineno)
     oob_match = re.match(r"(?P<name>[\w.@-]+):(?P<addr>[^<\s]+)", oob.strip())
     return tuple(devices), f"{oob_match['name']}:{oob_match['addr']}" if oob_match else None
 
 
-def _finding(line: str, lineno: int) -> Finding | None:
+def _finding(line: str, lineno: int, warn: bool) -> Finding | None:
     for kind, pattern, hint in _RULES:
         if pattern.search(line):
             return Finding(kind, line, lineno, hint)
-    if "NCCL WARN" in line and not _BENIGN_WARN.search(line):
+    if warn and not _BENIGN_WARN.search(line):
         return Finding(FailureKind.OTHER_WARN, line, lineno, "an NCCL warning this parser does not know; read it")
     return None
