@@ -424,7 +424,8 @@ def main() -> int:
     if shutil.which("pdsh") is None:
         parser.error("no pdsh (apt-get install -y pdsh)")
     size = max(counts)
-    result: dict = {"nodes": counts, "lines": args.lines, "nproc": args.nproc, "repeat": args.repeat, "up_args": args.up_arg,
+    result: dict = {"nodes": counts, "lines": args.lines, "nproc": args.nproc, "repeat": args.repeat,
+                    "up_args": args.up_arg,
                     "line_bytes": LINE_BYTES, "cluster_nodes": size, "python": sys.executable,
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": {}}
     work = Path(tempfile.mkdtemp(prefix="clusterrun-bench-flood-"))

@@ -167,7 +167,8 @@ def test_a_note_is_written_at_the_end_and_a_copy_after_late_is_a_line_of_its_own
     console.rank_output("c", 2, "stdout", b"same\n")
     console.tick(final=True)
     assert out.getvalue().splitlines() == [
-        "[a,b:0-1] same", '[c:2] (the line "same" also came from this rank, up to 0.8 s after [a,b:0-1]; not shown again)']
+        "[a,b:0-1] same",
+        '[c:2] (the line "same" also came from this rank, up to 0.8 s after [a,b:0-1]; not shown again)']
     _ticks(console, clock, LATE)
     console.rank_output("d", 3, "stdout", b"same\n")  # half a minute on: a line of its own
     console.tick(final=True)
@@ -252,10 +253,12 @@ def test_labels_compress_nodes_and_ranks_and_shorten_what_does_not() -> None:
     names = [f"{word}{i}x" for i, word in enumerate(["alpha", "beta", "gamma", "delta"] * 16)]
     assert short_hostlist(names, 48) == "alpha0x,beta1x,gamma2x,delta3x,alpha4x,beta5x,…(64 nodes)"
     assert short_hostlist(["n1", "n2", "n3", "n5", "login"], 48) == "n[1-3,5],login"
-    assert short_numbers(list(range(0, 512, 2)), 40, "ranks") == "0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,…(256 ranks)"
+    assert short_numbers(list(range(0, 512, 2)), 40, "ranks") == \
+        "0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,…(256 ranks)"
     assert short_hostlist(["with space", "x"], 48) == "with space,x"  # no hostlist can hold it: as it is
-    assert label(tuple((f"w{i}", i) for i in range(0, 512, 2))) == \
-        "[w[0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,…](256 nodes):0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,…(256 ranks)]"
+    assert label(tuple((f"w{i}", i) for i in range(0, 512, 2))) == (
+        "[w[0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,…](256 nodes)"
+        ":0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,…(256 ranks)]")
 
 
 def test_no_fold_shows_every_copy(tmp_path: Path) -> None:
@@ -296,7 +299,8 @@ def test_lines_held_for_copies_are_shown_before_a_message_of_clusterrun() -> Non
     console = Console(stream, stream, color=False, fold=True, clock=clock)
     console.rank_output("n1", 3, "stderr", b"Traceback (most recent call last):\nValueError: bad batch\n")
     console.info("n1 rank 3 failed (exit code 1); stopping all nodes")
-    assert stream.getvalue().splitlines() == ["[n1:3] Traceback (most recent call last):", "[n1:3] ValueError: bad batch",
+    assert stream.getvalue().splitlines() == ["[n1:3] Traceback (most recent call last):",
+                                              "[n1:3] ValueError: bad batch",
                                               "clusterrun: n1 rank 3 failed (exit code 1); stopping all nodes"]
 
 

@@ -110,8 +110,9 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
               "ends; repeatable, added to the inventory's run.notify. A slow or dead webhook never delays the run.")
 @with_job
 def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool, raw: bool,
-       fold: bool | None, preflight_mode: str, detach: bool, time_limit: float | None, grace: float, path_watch: bool | None,
-       on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None, max_restarts: int | None,
+       fold: bool | None, preflight_mode: str, detach: bool, time_limit: float | None, grace: float,
+       path_watch: bool | None, on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None,
+       max_restarts: int | None,
        min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None, sample_every: float | None,
        notify: tuple[str, ...]) -> int:
     """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
@@ -142,8 +143,8 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
 
 
 def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, dry_run: bool, as_json: bool,
-        ranks: str | None, quiet: bool, raw: bool, fold: bool | None, preflight_mode: str, detach: bool, time_limit: float | None,
-        grace: float,
+        ranks: str | None, quiet: bool, raw: bool, fold: bool | None, preflight_mode: str, detach: bool,
+        time_limit: float | None, grace: float,
         path_watch: bool | None, on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None,
         max_restarts: int | None, min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None,
         sample_every: float | None, notify: tuple[str, ...]) -> int:

@@ -306,7 +306,8 @@ class Folder:
         if not held:
             del self._index[text]
 
-    def _write(self, keys: tuple[Key, ...], texts: list[str], now: float, out: list[Line | Note], held: int = 0) -> None:
+    def _write(self, keys: tuple[Key, ...], texts: list[str], now: float, out: list[Line | Note],
+               held: int = 0) -> None:
         """Write ``texts`` under ``keys`` (``held`` of them were held), remembered for their later copies."""
         self._held -= held
         if self._late:  # a line written again closes the notes on its earlier copies
