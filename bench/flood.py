@@ -1,6 +1,7 @@
 """Log relay under a flood: do `clusterrun up`'s terminal stream and runs/ logs keep every line, against pdsh.
 
     sudo python bench/flood.py [--nodes 4,16] [--lines 100000] [--nproc 2] [--repeat 1] [--timeout SECONDS]
+                               [--up-arg ARG]...
 
 One SimCluster of max(--nodes) nodes is started once (needs root, see tests/simcluster.py). A worker, flood.py,
 is written into the work dir (the nodes share this machine's filesystem): each rank (global rank from $RANK)
@@ -11,7 +12,8 @@ write + flush, as a chatty training loop with buffered output would; then it exi
 For each N, interleaved (clusterrun then pdsh, --repeat times), after one uncounted warm-up of each (10 lines):
 
   (a) clusterrun: `python -m clusterrun up <inventory of the first N nodes> flood.py --lines L --nproc-per-node P
-      --runs-dir <fresh dir>`, NOT -q (the terminal relay is part of what is measured); its stdout goes to a file,
+      --runs-dir <fresh dir> [--up-arg ...]`, NOT -q (the terminal relay is part of what is measured; folding of
+      identical lines is on unless `--up-arg=--no-fold`: every line here differs); its stdout goes to a file,
       its stderr to another. Counted: the worker lines on stdout (`[node:rank] ` + the line) and in
       runs/<id>/<node>/rank<R>.log (the line alone).
   (b) pdsh: `pdsh -R ssh -S -f 1024 -w node0,...` (PDSH_SSH_ARGS_APPEND="-F <cluster ssh_config>") running, on
@@ -251,12 +253,14 @@ def tail(path: Path, n: int = 15) -> list[str]:
 
 
 class Bench:
-    def __init__(self, cluster: SimCluster, work: Path, nproc: int, timeout: float | None, keep: bool) -> None:
+    def __init__(self, cluster: SimCluster, work: Path, nproc: int, timeout: float | None, keep: bool,
+                 up_args: list[str]) -> None:
         self.cluster = cluster
         self.work = work
         self.nproc = nproc
         self.timeout = timeout
         self.keep = keep
+        self.up_args = up_args  # more options for `clusterrun up`
         self.env = clusterrun_env()
         self.counter = 0
         self.inventories: dict[int, Path] = {}
@@ -309,7 +313,7 @@ class Bench:
         runs = d / "runs"
         runs.mkdir()
         argv = [sys.executable, "-m", "clusterrun", "up", "--nproc-per-node", str(self.nproc), "--runs-dir", str(runs),
-                str(self.inventory(n)), str(self.flood), "--lines", str(lines)]
+                *self.up_args, str(self.inventory(n)), str(self.flood), "--lines", str(lines)]
         t0 = time.perf_counter()
         p = start(argv, self.work, self.env, d / "stdout", d / "stderr")
         res: dict = {"tool": "clusterrun", "nodes": n, "lines": lines, "timeout_s": self.run_timeout(n, lines),
@@ -407,6 +411,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per run before it is killed (default 120 + expected lines / 5000, per N)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (outputs, runs/) and print its path")
+    parser.add_argument("--up-arg", action="append", default=[], metavar="ARG",
+                        help="one more option for `clusterrun up` (repeatable), e.g. --up-arg=--no-fold")
     args = parser.parse_args()
     counts = sorted({int(x) for x in args.nodes.split(",") if x.strip()})
     if not counts or counts[0] < 1:
@@ -419,6 +425,7 @@ def main() -> int:
         parser.error("no pdsh (apt-get install -y pdsh)")
     size = max(counts)
     result: dict = {"nodes": counts, "lines": args.lines, "nproc": args.nproc, "repeat": args.repeat,
+                    "up_args": args.up_arg,
                     "line_bytes": LINE_BYTES, "cluster_nodes": size, "python": sys.executable,
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": {}}
     work = Path(tempfile.mkdtemp(prefix="clusterrun-bench-flood-"))
@@ -428,7 +435,7 @@ def main() -> int:
         cluster.start()
         result["cluster_start_s"] = time.perf_counter() - t_start
         print(f"cluster of {size} nodes up in {result['cluster_start_s']:.1f} s; work dir {work}", flush=True)
-        bench = Bench(cluster, work, args.nproc, args.timeout, args.keep)
+        bench = Bench(cluster, work, args.nproc, args.timeout, args.keep, args.up_arg)
         # The first clusterrun run copies files to the nodes, the first of each warms caches: not counted.
         result["warmup"] = {"clusterrun": bench.run_clusterrun(size, WARMUP_LINES),
                             "pdsh": bench.run_pdsh(size, WARMUP_LINES)}

@@ -4,7 +4,9 @@ Each rank prints numbered 100-byte lines as fast as it can, interleaved with a s
 tqdm-style progress bar (carriage returns) and one multi-megabyte line written in pieces. The terminal and
 runs/<id>/<node>/rank<R>.log must both hold every numbered line exactly once, the rank log must hold the
 long line and the bar's bytes as written, and the run's record must say the logs are complete. When a node
-agent dies mid-flood, the record must say exactly what was fetched from the node afterwards.
+agent dies mid-flood, the record must say exactly what was fetched from the node afterwards. Lines every rank
+prints alike are shown once under their ranks (or named in a note when their copies came late), every rank log
+holding them all; ``--no-fold`` shows each rank's copy.
 """
 
 from __future__ import annotations
@@ -51,6 +53,30 @@ out.flush()
 """
 
 NUMBERED = re.compile(r"R(\d{4}) L(\d{9}) x+$")
+LABELLED = re.compile(r"^\[(?P<where>.*?)(?::(?P<ranks>[\d,-]+))?\] (?P<text>.*)$")
+NOTE = re.compile(r'^\(the line "(?P<text>.*)" also came from (?:these \d+ ranks|this rank), up to [\d.]+ s after '
+                  r"\[.*\]; not shown again\)$")
+
+
+def _rank_set(ranks: str) -> list[int]:
+    out: list[int] = []
+    for part in ranks.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def _labelled(terminal: list[str]) -> list[tuple[list[int], str, bool]]:
+    """The rank lines shown: the ranks named, the line (the line quoted, for a note on later copies), whether a
+    note. torchrun's own lines are left out."""
+    out = []
+    for line in terminal:
+        m = LABELLED.match(line)
+        assert m, line
+        if m["ranks"] is not None:
+            note = NOTE.match(m["text"])
+            out.append((_rank_set(m["ranks"]), note["text"] if note else m["text"], bool(note)))
+    return out
 
 
 def _numbered(lines: list[str]) -> tuple[Counter[tuple[int, int]], list[str]]:
@@ -86,14 +112,16 @@ def test_flood_every_line_once_and_whole_in_terminal_and_runs(sim_cluster: SimCl
 
     terminal = done.stdout.splitlines()
     _assert_every_line_once(*_numbered(terminal), world, "terminal")
-    # The long line is shown shortened, with a mark; the bar at a bounded rate (stdout is a pipe here).
-    long_shown = [line for line in terminal if "yyyy" in line]
-    assert len(long_shown) == NODES * NPROC
-    assert all("more characters" in line and len(line) < 20_000 for line in long_shown)
+    # The long line is shown shortened, with a mark; the bar at a bounded rate (stdout is a pipe here). Both are
+    # the same on every rank: shown once under the ranks whose copies came together, the others named in notes.
+    shown = _labelled(terminal)
+    long_shown = [(ranks, text, note) for ranks, text, note in shown if text.startswith("yyyy")]
+    assert sorted(rank for ranks, _, _ in long_shown for rank in ranks) == list(world)
+    assert all(note or ("more characters" in text and len(text) < 20_000) for _, text, note in long_shown)
     for rank in world:
-        bars = [line for line in terminal if line.startswith(f"[node{rank // NPROC}:{rank}]") and "|bar|" in line]
+        bars = [text for ranks, text, _ in shown if rank in ranks and "|bar|" in text]
         assert 1 <= len(bars) <= 10, bars[:12]
-        assert bars[-1].endswith(" done |bar|")  # the last state is always shown
+        assert bars[-1].endswith(" done |bar|")  # the last state is always shown (or noted)
 
     run = the_run(tmp_path)
     for rank in world:
@@ -171,3 +199,60 @@ def test_unreachable_node_the_record_says_what_is_missing(sim_cluster: SimCluste
     assert json.dumps(st)  # written whole
     assert_nothing_left(sim_cluster, run.name, timeout=30)
     sim_cluster.heal("node1")
+
+
+SAME = ["UserWarning: the same start-up warning from every rank", "NCCL version 2.21.5+cuda12.4 (the same banner)",
+        "\tthe same indented line"]
+SAME_PY = f"""
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()  # every rank prints at about the same time, as after a rendezvous
+rank = dist.get_rank()
+lines = {SAME!r}
+print("\\n".join([*lines, f"rank {{rank}} own line"]), flush=True)
+dist.barrier()
+print(lines[0], flush=True)  # a second time: shown a second time
+dist.destroy_process_group()
+"""
+PRINTED = [*SAME, SAME[0]]  # what every rank printed, besides its own line
+def _printed(rank: int) -> list[str]:
+    """What ``rank`` of SAME_PY printed, in order (torch's own warnings left out)."""
+    return [*SAME, f"rank {rank} own line", SAME[0]]
+
+
+def test_lines_every_rank_prints_are_shown_once_and_every_rank_log_holds_them(sim_cluster: SimCluster,
+                                                                               tmp_path: Path) -> None:
+    """8 ranks on 4 nodes print the same lines: each shows once, under its ranks (a rank whose copy came late is
+    named in a note instead); every rank's own line shows under it; every rank log holds every line."""
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", NODES, nproc=NPROC)
+    (tmp_path / "same.py").write_text(SAME_PY)
+    done = run_clusterrun("up", str(inv), "same.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    world = range(NODES * NPROC)
+    shown: Counter[str] = Counter()  # how many lines each text got
+    named: Counter[tuple[str, int]] = Counter()  # how often each rank is named for each text, in lines and notes
+    for ranks, text, note in _labelled(done.stdout.splitlines()):
+        shown[text] += not note
+        for rank in ranks:
+            named[(text, rank)] += 1
+    for text in SAME:
+        assert shown[text] == PRINTED.count(text), (text, done.stdout)
+        assert all(named[(text, rank)] == PRINTED.count(text) for rank in world), (text, done.stdout)
+    assert all(shown[f"rank {rank} own line"] == 1 for rank in world)
+    run = the_run(tmp_path)
+    for rank in world:
+        log = (run / f"node{rank // NPROC}" / f"rank{rank}.log").read_text().splitlines()
+        assert [line for line in log if line in SAME or "own line" in line] == _printed(rank)
+    assert_nothing_left(sim_cluster, run.name)
+
+
+def test_no_fold_shows_every_rank_copy(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=NPROC)
+    (tmp_path / "same.py").write_text(SAME_PY)
+    done = run_clusterrun("up", "--no-fold", str(inv), "same.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in range(2 * NPROC):
+        prefix = f"[node{rank // NPROC}:{rank}]"
+        texts = [line.split("] ", 1)[1] for line in done.stdout.splitlines() if line.startswith(prefix + " ")]
+        assert [text for text in texts if text in SAME or "own line" in text] == _printed(rank)
+    assert_nothing_left(sim_cluster, the_run(tmp_path).name)

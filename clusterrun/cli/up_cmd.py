@@ -59,6 +59,10 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
 @click.option("-q", "--quiet", is_flag=True, help="Show no rank output, only clusterrun's messages and the summary.")
 @click.option("--raw", is_flag=True, help="Show rank output's control characters as they came (by default they are "
               "shown escaped, colours kept, so no rank can retitle, clear or take over the terminal).")
+@click.option("--fold/--no-fold", default=None,
+              help="Show a line that many ranks print alike once, under all their ranks ([gpu[01-64]:0-511] ...), "
+              "after waiting at most half a second for its copies; --no-fold shows every rank's copy (default: fold; "
+              "inventory run.fold). The rank logs always hold every line.")
 @click.option("--preflight", "preflight_mode", type=click.Choice(["quick", "full", "off"]), default="quick",
               show_default=True, help="Before starting: quick = every node reaches rank 0's master port on the data "
               "network (about a second); full = doctor's network checks too; off = no check.")
@@ -106,8 +110,9 @@ succeeds, the first failing rank's exit code otherwise, 125 when the job could n
               "ends; repeatable, added to the inventory's run.notify. A slow or dead webhook never delays the run.")
 @with_job
 def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: str | None, quiet: bool, raw: bool,
-       preflight_mode: str, detach: bool, time_limit: float | None, grace: float, path_watch: bool | None,
-       on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None, max_restarts: int | None,
+       fold: bool | None, preflight_mode: str, detach: bool, time_limit: float | None, grace: float,
+       path_watch: bool | None, on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None,
+       max_restarts: int | None,
        min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None, sample_every: float | None,
        notify: tuple[str, ...]) -> int:
     """Start SCRIPT with torchrun on every node of INVENTORY (or --ips/--hostfile/--slurm) and supervise it.
@@ -128,7 +133,7 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
         early = EarlyConnections(lambda: open_transports(inv, plan))
     try:
         return _up(inv, plan, runs_dir, early, dry_run=dry_run, as_json=as_json, ranks=ranks, quiet=quiet, raw=raw,
-                   preflight_mode=preflight_mode, detach=detach, time_limit=time_limit, grace=grace,
+                   fold=fold, preflight_mode=preflight_mode, detach=detach, time_limit=time_limit, grace=grace,
                    path_watch=path_watch, on_path_loss=on_path_loss, hang_timeout=hang_timeout, on_hang=on_hang,
                    max_restarts=max_restarts, min_nodes=min_nodes, restart_backoff=restart_backoff,
                    wait_gpus=wait_gpus, sample_every=sample_every, notify=notify)
@@ -138,8 +143,8 @@ def up(inv: Any, plan: Any, runs_dir: Any, as_json: bool, dry_run: bool, ranks: 
 
 
 def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, dry_run: bool, as_json: bool,
-        ranks: str | None, quiet: bool, raw: bool, preflight_mode: str, detach: bool, time_limit: float | None,
-        grace: float,
+        ranks: str | None, quiet: bool, raw: bool, fold: bool | None, preflight_mode: str, detach: bool,
+        time_limit: float | None, grace: float,
         path_watch: bool | None, on_path_loss: str | None, hang_timeout: float | None, on_hang: str | None,
         max_restarts: int | None, min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None,
         sample_every: float | None, notify: tuple[str, ...]) -> int:
@@ -160,7 +165,10 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
     from clusterrun.launch.console import Console
     from clusterrun.launch.settings import SupervisorSettings
 
-    console = Console(ranks=_parse_ranks(ranks), quiet=quiet, raw=raw)
+    shown = _parse_ranks(ranks)
+    # Folding waits for copies only where a copy can come: more than one rank is shown.
+    fold = (run.fold if fold is None else fold) and plan.world_size > 1 and (shown is None or len(shown) > 1)
+    console = Console(ranks=shown, quiet=quiet, raw=raw, fold=fold)
     full_check = None
     if preflight_mode == "full":
         from clusterrun.cli.report_cmd import with_doctor_page

@@ -202,6 +202,59 @@ def compress_numbers(values: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+def short_hostlist(names: list[str], limit: int) -> str:
+    """Host names as :func:`compress_hostlist` writes them, for display in at most about ``limit``
+    characters: a list that does not fit is cut between names and ends with a count,
+    ``alpha,beta,…(64 nodes)``, ``w[0,2,4,…](256 nodes)``. A name no hostlist can hold is shown as it is."""
+    try:
+        pieces = _top_level(compress_hostlist(names))
+    except ValueError:
+        pieces = list(names)
+    text = ",".join(pieces)
+    if len(text) <= limit:
+        return text
+    kept = _fitting(pieces, limit)
+    if len(kept[0]) > limit and "[" in kept[0]:  # one group too long: cut inside its brackets
+        head, _, rest = kept[0].partition("[")
+        body, _, tail = rest.partition("]")
+        ranges = _fitting(body.split(","), limit - len(head) - len(tail) - 3)
+        return f"{head}[{','.join(ranges)},…]{tail}({len(names)} nodes)"
+    return ",".join(kept) + f",…({len(names)} nodes)"
+
+
+def short_numbers(values: list[int], limit: int, noun: str) -> str:
+    """Numbers as :func:`compress_numbers` writes them, for display in at most about ``limit``
+    characters: ``0,2,4,…(256 ranks)`` (``noun``: what they count)."""
+    text = compress_numbers(values)
+    if len(text) <= limit:
+        return text
+    return ",".join(_fitting(text.split(","), limit)) + f",…({len(set(values))} {noun})"
+
+
+def _fitting(pieces: list[str], limit: int) -> list[str]:
+    """The first of ``pieces`` that fit in ``limit`` characters joined with commas (at least one)."""
+    kept: list[str] = []
+    size = -1
+    for piece in pieces:
+        size += len(piece) + 1
+        if kept and size > limit:
+            break
+        kept.append(piece)
+    return kept
+
+
+def _top_level(hostlist: str) -> list[str]:
+    """``a[1-2,4],b`` -> ``['a[1-2,4]', 'b']``: split at the commas outside brackets."""
+    pieces, depth, start = [], 0, 0
+    for i, ch in enumerate(hostlist):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            pieces.append(hostlist[start:i])
+            start = i + 1
+    pieces.append(hostlist[start:])
+    return pieces
+
+
 def _split_names(expr: str, flag: str) -> list[tuple[int, str]]:
     """Split at commas and whitespace outside brackets; return (start offset, name) pairs."""
     tokens: list[tuple[int, str]] = []

@@ -34,6 +34,8 @@ class RunSettings(_Model):
         default=5.0, description="seconds before the first restart, doubling for each further one (at most 60)")
     sample_every: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = Field(
         default=1.0, description="seconds between the nodes' samples of NICs, ranks and GPUs (0: none)")
+    fold: bool = Field(default=True, description="a line that many ranks print alike is shown once on the terminal, "
+                                                 "under all their ranks (the rank logs hold every copy)")
     cpu_bind: Literal["numa", "none"] = Field(
         default="numa", description="numa: each rank runs on the CPUs and memory node of its GPU's NUMA node (where "
                                     "nvidia-smi topo -m says them); none: where the system puts it")
