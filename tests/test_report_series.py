@@ -60,7 +60,7 @@ def test_run_page_draws_a_row_of_panels_per_node_with_the_failure_energy_and_wro
     assert '>gpu001</text><text x="110" y="46" font-size="10" text-anchor="end" fill="#8a5a00">\u2717 rank 3' \
            in rows["gpu001"]
     text = " ".join(text_of(html).split())
-    assert "The red dashed line is the first failure (gpu001 rank 3, at 84.0s)" in text
+    assert "The red dashed line (\u2717) is the first failure (gpu001 rank 3, at 84.0s)" in text
     # Energy: 2 GPUs x 300 W x 120 s per node, per node and in total.
     assert "GPU energy: 0.080 kWh (288.0 kJ, counter+power): gpu000 72.0 kJ, gpu001 72.0 kJ" in text
     # The wrong-NIC verdict: said, marked on gpu002's other NICs at 12 s, and its eth0 as tall as a data NIC.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from clusterrun.report.charts import Point
 from clusterrun.report.html import esc
 
 #: Width of the row labels, of one panel, and the gap between panels; a panel's strip above its lines (pixels).
@@ -37,17 +38,7 @@ class Panel:
     top: float = 1.0
     peak: str = ""
     empty: str = ""
-    glyphs: Sequence[tuple[float, str, str]] = ()  # (seconds, glyph, hover text) drawn at the panel's top
-
-
-@dataclass(frozen=True)
-class Mark:
-    """A moment marked across every panel of a row: a vertical line at ``at`` seconds."""
-
-    at: float
-    title: str
-    colour: str
-    dash: str = "4 2"
+    glyphs: Sequence[Point] = ()  # drawn at the panel's top
 
 
 def _x(t: float, total: float) -> int:
@@ -113,9 +104,10 @@ def header(titles: Sequence[str], keys: Sequence[str], total: float) -> str:
     return "".join(out)
 
 
-def row(label: str, panels: Sequence[Panel], total: float, *, marks: Sequence[Mark] = (), height: int = 52,
+def row(label: str, panels: Sequence[Panel], total: float, *, marks: Sequence[Point] = (), height: int = 52,
         strong: bool = False, note: str = "") -> str:
-    """One node's row: its name (bold for the failing node, ``note`` under it), then its panels side by side."""
+    """One node's row: its name (bold for the failing node, ``note`` under it), then its panels side by side;
+    each of ``marks`` a dashed vertical line across every panel, its glyph and hover text on the first."""
     total = max(total, 1e-3)
     width = LABEL_W + len(panels) * (PANEL_W + GAP)
     full = height + 8
@@ -142,13 +134,16 @@ def row(label: str, panels: Sequence[Panel], total: float, *, marks: Sequence[Ma
                 dash = f' stroke-dasharray="{line.dash}"' if line.dash else ""
                 out.append(f'<path d="{d}" fill="none" stroke="{line.colour}" stroke-width="{line.width}"{dash} '
                            'stroke-linejoin="round" stroke-linecap="round"/>')
-        for m in marks:  # its hover text on the row's first panel only: the legend says what it is
+        for m in marks:  # its glyph and hover text on the row's first panel only: the legend says what it is
             x = _x(m.at, total)
             out.append(f'<line x1="{x}" y1="-3" x2="{x}" y2="{height + 3}" stroke="{m.colour}" stroke-width="1.6" '
-                       f'stroke-dasharray="{m.dash}"' + (f"><title>{esc(m.title)}</title></line>" if i == 0 else "/>"))
-        for at, glyph, title in p.glyphs:
-            out.append(f'<text x="{_x(at, total)}" y="11" font-size="12" text-anchor="middle" fill="#8a5a00" '
-                       f'font-weight="700">{esc(glyph)}<title>{esc(title)}</title></text>')
+                       'stroke-dasharray="4 2"/>')
+            if i == 0:
+                out.append(f'<text x="{x + 2}" y="{height - 2}" font-size="10" fill="{m.colour}" font-weight="700">'
+                           f"{esc(m.glyph)}<title>{esc(m.title)}</title></text>")
+        for g in p.glyphs:
+            out.append(f'<text x="{_x(g.at, total)}" y="11" font-size="12" text-anchor="middle" fill="{g.colour}" '
+                       f'font-weight="700">{esc(g.glyph)}<title>{esc(g.title)}</title></text>')
         if p.peak:
             out.append(f'<text x="{PANEL_W - 3}" y="10" font-size="9.5" fill="#444" text-anchor="end">'
                        f"{esc(p.peak)}</text>")

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clusterrun.report import panels
+from clusterrun.report.charts import Point
 from clusterrun.report.html import BLUE, GREY, ORANGE, SKY, VERMILLION, esc, mark, seconds, si, table
 from clusterrun.report.run_data import RunData
 from clusterrun.report.series_data import POINTS, NodeSeries, Stat, node_series
@@ -55,11 +56,11 @@ def series_section(data: RunData) -> str:
     wrong = [e for e in data.record.events if e.get("kind") == WRONG_NIC]
     failed_at = data.failure_time()
     failure = data.record.first_failure
-    marks = [panels.Mark(a.started - t0, f"attempt {a.number} started", GREY, "2 2")
+    marks = [Point(a.started - t0, "\u21bb", f"attempt {a.number} started", GREY)
              for a in data.record.attempts[1:] if a.started is not None]
     if failed_at is not None and failure is not None:
-        marks.append(panels.Mark(failed_at - t0, f"first failure at {seconds(failed_at - t0)}: "
-                                                 f"{failure.describe()}", VERMILLION))
+        marks.append(Point(failed_at - t0, "\u2717", f"first failure at {seconds(failed_at - t0)}: "
+                                                     f"{failure.describe()}", VERMILLION))
     out = [head, _legend(failure, failed_at, t0, any(m.colour == GREY for m in marks)),
            _energy(drawn), *(_wrong(e, t0) for e in wrong)]
     out.append('<figure class="wide">' + _grid(drawn, total, marks, wrong, failure, t0) + "</figure>")
@@ -78,12 +79,12 @@ def _legend(failure: Any, failed_at: float | None, t0: float, restarts: bool) ->
             "data NIC's. A point is the mean of the samples in its stretch of the axis (the table below has each "
             "line's mean and peak over every sample, and the points drawn are in the text under it).")
     if failure is not None and failed_at is not None:
-        text += (f" The red dashed line is the first failure ({failure.node}"
+        text += (f" The red dashed line (\u2717) is the first failure ({failure.node}"
                  + (f" rank {failure.rank}" if failure.rank is not None else "") + f", at {seconds(failed_at - t0)}).")
     elif failure is not None:
         text += " The first failure has no time in the record: it is not marked."
     if restarts:
-        text += " Grey dotted lines: a restart's attempt starts."
+        text += " Grey dashed lines (\u21bb): a restart's attempt starts."
     return f'<p class="legend">{esc(text)}</p>'
 
 
@@ -160,11 +161,11 @@ def _panel(s: NodeSeries, key: str, top: float, glyphs: list[tuple[float, str, s
                         f"{len(s.ranks)} ranks, peak {peak:.2f}" if peak is not None else "", "no rank readings")
 
 
-def _glyphs(glyphs: list[tuple[float, str, str]], where: str) -> list[tuple[float, str, str]]:
-    return [(at, "\u25b2", text) for at, column, text in glyphs if column == where]
+def _glyphs(glyphs: list[tuple[float, str, str]], where: str) -> list[Point]:
+    return [Point(at, "\u25b2", text, "#8a5a00") for at, column, text in glyphs if column == where]
 
 
-def _grid(drawn: Sequence[NodeSeries], total: float, marks: Sequence[panels.Mark],
+def _grid(drawn: Sequence[NodeSeries], total: float, marks: Sequence[Point],
           wrong: Sequence[Mapping[str, Any]], failure: Any, t0: float) -> str:
     cols = _columns(drawn)
     head = panels.header([c[1] for c in cols], [c[2] for c in cols], total)
