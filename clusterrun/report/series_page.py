@@ -117,7 +117,7 @@ def _columns(drawn: Sequence[NodeSeries]) -> list[tuple[str, str, str, float]]:
         cols += [("util", "GPU utilisation", "\u2014 mean of the GPUs  \u2505 lowest; 0 to 100%", 100.0),
                  ("power", "GPU power", f"\u2014 the node's GPUs together; 0 to {si(power_top, 'W')}", power_top)]
     cpu_top = max(1.0, max((s.top("cpu:") for s in drawn), default=0.0))
-    cols.append(("cpu", "CPU per rank", f"a line each, the failing one red; 0 to {cpu_top:.2g}", cpu_top))
+    cols.append(("cpu", "CPU per rank", f"a line each, the failing one red; 0 to {cpu_top:.2g} CPU", cpu_top))
     return cols
 
 
@@ -215,7 +215,8 @@ def _table(drawn: Sequence[NodeSeries]) -> str:
 
 
 def _fmt(v: float | None, unit: str) -> str:
-    """A point's value as text, to about the pixel it is drawn at: MB/s to 3 figures, CPUs to 0.01, else whole."""
+    """A point's value as text, finer than the pixel it is drawn at: MB/s to 0.0001 (1 MB/s and more to 3 or 4
+    figures), CPUs to 0.01, percents and watts whole."""
     if v is None:
         return "-"
     if unit == "CPU":
@@ -223,7 +224,7 @@ def _fmt(v: float | None, unit: str) -> str:
     if unit != "MB/s":
         return f"{v:.0f}"
     v /= 1e6
-    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.4f}"
 
 
 def _points(drawn: Sequence[NodeSeries]) -> str:
