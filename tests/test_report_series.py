@@ -185,3 +185,18 @@ def test_status_watch_shows_each_nodes_data_nic_and_gpus(tmp_path: Path, capsys:
     lines = {line.split()[0]: line for line in shown.splitlines()[1:] if line.strip()}
     assert "(60s old)" in lines["gpu000"] and lines["gpu009"].rstrip().endswith("-")
     assert json.loads((run / "plan.json").read_text())["nodes"][0]["data_nic"] == "ens1"
+
+
+def test_a_node_that_failed_as_a_whole_is_marked_at_its_end(tmp_path: Path) -> None:
+    run = sampled_run(tmp_path / "lost-node", 2, 1, seconds=60)
+    status = json.loads((run / "status.json").read_text())
+    status["first_failure"] = {"node": "gpu001", "rank": None, "exit_code": 1, "detail": "lost its connection"}
+    status["nodes"]["gpu001"]["ended"] = T0 + 30
+    (run / "status.json").write_text(json.dumps(status))
+    html = write_run_page(run).read_text(encoding="utf-8")
+    assert "The red dashed line (\u2717) is the first failure (gpu001, at 30.0s)" in " ".join(text_of(html).split())
+    assert set(re.findall(r'<line x1="(\d+)"[^>]*' + re.escape(FAIL_MARK), html)) == {str(round(214 * 30 / 62))}
+    del status["nodes"]["gpu001"]["ended"]  # no time for it anywhere: said, not marked
+    (run / "status.json").write_text(json.dumps(status))
+    html = write_run_page(run).read_text(encoding="utf-8")
+    assert "The first failure has no time in the record: it is not marked." in html and FAIL_MARK not in html
