@@ -250,7 +250,7 @@ def size(run_dir: str | Path, node: str) -> int:
     return sum(os.path.getsize(p) for where in node_dirs(run_dir) for p in (where / node).glob("metrics*.jsonl"))
 
 
-def latest(run_dir: str | Path, node: str, count: int = 1, chunk: int = 65536) -> list[Sample]:
+def latest(run_dir: str | Path, node: str, count: int = 1, chunk: int = 16384) -> list[Sample]:
     """``node``'s newest ``count`` samples (oldest first) from the end of its current full-resolution file alone:
     cheap enough to call every second however long the run has been going (a week of tiers is never read)."""
     path = Path(run_dir) / node / RAW
