@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 from clusterrun.doctor.model import PairMeasure
-from clusterrun.runs import NodeRecord, RankRecord, RunDir, RunRecord, RunState, write_record
+from clusterrun.runs import NodeRecord, RankRecord, RunDir, RunRecord, RunState, read_record, series, write_record
 from clusterrun.runs.judge import Failure, RankState
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real"
@@ -86,19 +87,22 @@ def big_doctor_round(directory: Path, n: int) -> Path:
     return directory
 
 
-def big_run(directory: Path, n: int, nproc: int) -> Path:
-    """A failed run of ``n`` nodes x ``nproc`` ranks, written with clusterrun's own record: rank 13 fails."""
+def big_run(directory: Path, n: int, nproc: int, *, seconds: float = 60.0, failing: int = 13,
+            fail_at: float | None = None) -> Path:
+    """A failed run of ``n`` nodes x ``nproc`` ranks, written with clusterrun's own record: rank ``failing`` fails
+    (at ``fail_at`` seconds, else with the others at ``seconds``), the others are stopped at ``seconds``."""
     directory.mkdir(parents=True, exist_ok=True)
     run = RunDir(directory)
     t0 = 1.8e9
     nodes_plan, nodes = [], {}
     for i in range(n):
         name = f"gpu{i:03d}"
-        ranks = {r: RankRecord(r, r - i * nproc, RankState.failed if r == 13 else RankState.stopped,
-                               3 if r == 13 else 143, None if r == 13 else 15, t0 + 5, t0 + 60)
+        ranks = {r: RankRecord(r, r - i * nproc, RankState.failed if r == failing else RankState.stopped,
+                               3 if r == failing else 143, None if r == failing else 15, t0 + 5,
+                               t0 + (fail_at if r == failing and fail_at is not None else seconds))
                  for r in range(i * nproc, (i + 1) * nproc)}
-        nodes[name] = NodeRecord(RankState.failed if i == 1 else RankState.stopped, 1, None, t0, t0 + 2, t0 + 61,
-                                 ranks)
+        nodes[name] = NodeRecord(RankState.failed if i == failing // nproc else RankState.stopped, 1, None, t0,
+                                 t0 + 2, t0 + seconds + 1, ranks)
         nodes_plan.append({"name": name, "host": f"10.0.{i // 256}.{i % 256}", "transport": "ssh", "node_rank": i,
                            "nproc_per_node": nproc, "ranks": [i * nproc, (i + 1) * nproc - 1],
                            "gpus": list(range(nproc)), "data_nic": "ens1", "data_address": f"10.1.0.{i % 256}",
@@ -111,9 +115,47 @@ def big_run(directory: Path, n: int, nproc: int) -> Path:
                                                      "nnodes": n, "world_size": n * nproc, "master_addr": "10.1.0.0",
                                                      "master_port": 29500, "data_network": "10.1.0.0/16",
                                                      "nodes": nodes_plan}))
-    write_record(run, RunRecord(directory.name, RunState.failed, t0, t0 + 62, 3,
-                                first_failure=Failure("gpu001", 13, 3, None, "exited while others ran"),
+    write_record(run, RunRecord(directory.name, RunState.failed, t0, t0 + seconds + 2, 3,
+                                first_failure=Failure(f"gpu{failing // nproc:03d}", failing, 3, None,
+                                                      "exited while others ran"),
                                 events=({"time": t0 + 30, "node": "gpu004", "kind": "straggler",
                                          "text": "gpu004 looks like a straggler"},),
                                 nodes=nodes))
     return directory
+
+
+def sampled_run(directory: Path, n: int, nproc: int, *, seconds: int = 120, gpus: bool = True,
+                wrong_nic: str | None = None) -> Path:
+    """:func:`big_run` of ``n`` x ``nproc`` whose nodes were sampled every second, kept with the series' own writer:
+    the data NIC ens1 busy both ways, eth0 near idle, ``nproc`` GPUs (when ``gpus``) at about 95% and 300 W each,
+    every rank at one CPU. Rank ``nproc + 1`` (on gpu001) fails at 70% of the run: its CPU stops, its GPU idles and
+    the node's traffic stops. ``wrong_nic``: that node's ranks talk over eth0 instead, and the record names it."""
+    fail_at = round(seconds * 0.7)
+    run = big_run(directory, n, nproc, seconds=seconds, failing=nproc + 1, fail_at=fail_at)
+    t0 = 1.8e9
+    writer = series.SeriesWriter(run)
+    for i in range(n):
+        name = f"gpu{i:03d}"
+        for k in range(1, seconds + 1):
+            failed = i == 1 and k > fail_at
+            busy = 0.0 if failed else 1.1e9 * (0.8 + 0.2 * math.sin(k / 7 + i))
+            data, mgmt = ([2e3, 1e3], [busy * 0.55, busy * 0.55]) if name == wrong_nic else (
+                [busy, busy * 0.98], [4e3 + 100 * (k % 5), 2e3])
+            sample = {"ev": "sample", "t": t0 + k, "dt": 1.0, "nics": {"ens1": data, "eth0": mgmt, "lo": [9e5, 9e5],
+                                                                        "docker0": [0, 0]},
+                      "ranks": {str(r): {"pid": 4000 + r, "cpu": 0.97 + 0.02 * math.sin(k + r), "rss": 2e9}
+                                for r in range(i * nproc, (i + 1) * nproc) if not (r == nproc + 1 and k > fail_at)},
+                      "load": float(nproc)}
+            if gpus:
+                sample["gpus"] = {str(g): {"util": 0 if failed and g == 1 else 93 + (k + g) % 5, "mem": 40000,
+                                           "power": 80.0 if failed and g == 1 else 300.0, "temp": 60,
+                                           "energy": 1e6 + k * 300.0} for g in range(nproc)}
+            writer.on_sample(name, sample)
+    if wrong_nic is not None:
+        record = read_record(RunDir(run))
+        write_record(RunDir(run), record.with_event({
+            "time": t0 + 12, "node": wrong_nic, "kind": "wrong-nic", "nic": "eth0", "data_nic": "ens1",
+            "rate": 1.2e9, "variable": "GLOO_SOCKET_IFNAME",
+            "text": f"{wrong_nic}: the ranks' traffic to the other nodes goes over eth0 at 1.2 GB/s (to 10.0.0.1), "
+                    "not the data NIC ens1: GLOO_SOCKET_IFNAME=eth0 in the ranks' environment"}))
+    return run

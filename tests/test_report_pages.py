@@ -85,6 +85,12 @@ def test_run_page_of_a_failing_4x2_run_names_every_rank_and_the_failing_one(sim_
                                                                                           "first failure :")
     assert "FileNotFoundError: data/shard-5.bin" in text  # its last lines
     assert "5 \u2190 first failure" in text
+    # The nodes' series from the agents' samples: a row of panels per node, the failure marked on each panel.
+    html = page.read_text(encoding="utf-8")
+    rows = re.findall(r'<svg[^>]*aria-label="(node\d) over time".*?</svg>', html, re.S)
+    assert rows == ["node0", "node1", "node2", "node3"], rows
+    assert html.count('stroke="#D55E00" stroke-width="1.6" stroke-dasharray="4 2"') >= 4 * 3
+    assert "The red dashed line (\u2717) is the first failure (node2 rank 5" in " ".join(text.split())
     assert_offline(page)
     keep_screenshot(page, tmp_path, "run-failed")
 
@@ -113,5 +119,8 @@ def test_run_page_of_a_restarted_run_shows_both_attempts(sim_cluster: SimCluster
     # The first failure is attempt 0's, with the last lines it printed (kept in attempt-0/).
     assert "node1 rank 1: exit code 3" in text and "(attempt 0)" in text
     assert "CUDA error: an illegal memory access was encountered" in text
+    # Both attempts' series on one axis, attempt 1's start marked on every panel.
+    assert re.findall(r'<svg[^>]*aria-label="(node\d) over time"', html) == ["node0", "node1"]
+    assert html.count('stroke="#8a8a8a" stroke-width="1.6"') >= 2 * 3 and ">\u21bb<title>attempt 1 started" in html
     assert_offline(run / "report.html")
     keep_screenshot(run / "report.html", tmp_path, "run-restarted", height=1800)

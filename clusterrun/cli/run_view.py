@@ -8,7 +8,8 @@ writes there), so a run of an older clusterrun shows what its file has and says 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Group
@@ -20,6 +21,10 @@ from clusterrun.runs.timeline import PHASES, PhaseSpan, size
 
 #: Seconds between two looks at status.json (the supervisor writes it every 2 s or so).
 WATCH_EVERY = 1.0
+#: The newest samples of a node folded into its row (a few seconds: one sample alone jitters).
+RECENT = 3
+#: A running node's newest sample older than this many seconds is shown with its age.
+STALE = 10.0
 
 
 def _seconds(value: float | None) -> str:
@@ -96,15 +101,52 @@ def _cpu(cpu: dict[str, float] | Any) -> str:
     return f"{100 * mean:.0f}%" + (f" (min {100 * shares[0]:.0f}%)" if len(shares) > 1 else "")
 
 
-def live_view(record: RunRecord, nodes: Sequence[tuple[str, int]], now: float | None = None) -> Group:
+def newest_samples(run_dir: Path, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each node's newest samples folded into one (clusterrun/runs/series.py), read from the ends of their files
+    only: cheap to do every second however long the run has been going. A node without samples is left out."""
+    from clusterrun.runs import series
+
+    out = {}
+    for name in names:
+        recent = series.latest(run_dir, name, RECENT)
+        if recent:
+            out[name] = series.fold(recent)
+    return out
+
+
+def _net(sample: Mapping[str, Any] | None, data_nic: str | None, now: float, going: bool) -> tuple[str, str]:
+    """The data NIC's throughput and the GPUs' utilisation in ``sample`` (``-`` where it has none)."""
+    from clusterrun.cli.metrics_cmd import _rate
+
+    if not sample:
+        return "-", "-"
+    nics = sample.get("nics") if isinstance(sample.get("nics"), Mapping) else {}
+    pair = nics.get(data_nic) if data_nic else None
+    nic = (f"{data_nic} rx {_rate(pair[0])} tx {_rate(pair[1])}" if isinstance(pair, list) and len(pair) == 2
+           else f"{data_nic or '?'}: no reading")
+    age = now - float(sample.get("t") or now)
+    if going and age > STALE:
+        nic += f" ({age:.0f}s old)"
+    gpus = sample.get("gpus") if isinstance(sample.get("gpus"), Mapping) else {}
+    utils = [g["util"] for g in gpus.values() if isinstance(g, Mapping) and isinstance(g.get("util"), (int, float))]
+    gpu = f"{len(gpus)}x {sum(utils) / len(utils):.0f}% (min {min(utils):.0f}%)" if utils else "-"
+    return nic, gpu
+
+
+def live_view(record: RunRecord, nodes: Sequence[tuple[str, int]], now: float | None = None,
+              samples: Mapping[str, Mapping[str, Any]] | None = None,
+              data_nics: Mapping[str, str | None] | None = None) -> Group:
     """The live view of one run: a line on the run, then a row per node (``nodes``: name and ranks, in the plan's
-    order): its phase, ranks running, the age of its last output, its ranks' CPU, its data path."""
+    order): its phase, ranks running, the age of its last output, its ranks' CPU, its data path; with ``samples``
+    (:func:`newest_samples`) also its data NIC's throughput (``data_nics``: the plan's) and its GPUs' use."""
     now = time.time() if now is None else now
     took = (record.ended or now) - record.started if record.started is not None else None
     head = Text(f"run {record.run_id}: {record.state.value}" + (f", {_seconds(took)}" if took is not None else "")
                 + f", {len(nodes)} node(s), {sum(r for _, r in nodes)} rank(s)")
     table = Table(box=None, padding=(0, 2))
-    for column in ("node", "phase", "ranks", "last output", "cpu", "data path"):
+    sampled = samples is not None
+    for column in ("node", "phase", "ranks", "last output", "cpu", "data path",
+                   *(("data NIC", "GPUs") if sampled else ())):
         table.add_column(column, no_wrap=True)
     updated = []
     for name, ranks in nodes:
@@ -118,8 +160,11 @@ def live_view(record: RunRecord, nodes: Sequence[tuple[str, int]], now: float | 
         path = live.path if live is not None and live.path else "-"
         # Its age when the supervisor last wrote (every few seconds): the output may be newer, never older.
         seen = _age(live.updated or now, live.last_output) if live is not None else "-"
+        going = record.state in (RunState.starting, RunState.running) and (node is None or node.ended is None)
+        net = _net((samples or {}).get(name), (data_nics or {}).get(name), now, going) if sampled else ()
         table.add_row(name, _phase(node, record.state), running, seen,
-                      _cpu(live.cpu if live else {}), Text(path, style="bold" if path.startswith("lost") else ""))
+                      _cpu(live.cpu if live else {}), Text(path, style="bold" if path.startswith("lost") else ""),
+                      *net)
     parts: list[Any] = [head, table]
     if record.events:
         last = record.events[-1]

@@ -67,7 +67,8 @@ Examples:
 @RUNS_DIR
 @click.option("--json", "as_json", is_flag=True, help="Print status.json (with the state checked) as JSON.")
 @click.option("--watch", is_flag=True, help="Show the running run live, a row per node (phase, ranks running, last "
-              "output, CPU, data path), refreshed in place until it ends (Ctrl-C to stop watching).")
+              "output, CPU, data path, the data NIC's throughput and the GPUs' use from the newest samples), refreshed "
+              "in place until it ends (Ctrl-C to stop watching).")
 def status(run: str, runs_dir: Path, as_json: bool, watch: bool) -> int:
     """Show one run: its state, its launch timeline, and per node and rank what happened (RUN: an id, a unique part
     of one, or last)."""
@@ -101,22 +102,28 @@ def _watch(found: Any) -> int:
     """The live view of ``found`` until its record says it ended (printed once when it already has)."""
     from rich.live import Live
 
-    from clusterrun.cli.run_view import WATCH_EVERY, live_view
+    from clusterrun.cli.run_view import WATCH_EVERY, live_view, newest_samples
     from clusterrun.runs import RunState, run_record
 
-    nodes = [(n.name, len(n.ranks)) for n in found.read_plan().nodes]
+    plan = found.read_plan().nodes
+    nodes = [(n.name, len(n.ranks)) for n in plan]
+    nics = {n.name: n.data_nic for n in plan}
     going = (RunState.starting, RunState.running)
+
+    def view(record: Any) -> Any:  # with each node's newest samples: the ends of their files, read each time
+        return live_view(record, nodes, samples=newest_samples(found.path, [n for n, _ in nodes]), data_nics=nics)
+
     record = run_record(found)
     console = _console()
     if record.state not in going:
-        console.print(live_view(record, nodes))
+        console.print(view(record))
         return 0
     try:
-        with Live(live_view(record, nodes), console=console, auto_refresh=False) as live:
+        with Live(view(record), console=console, auto_refresh=False) as live:
             while record.state in going:
                 time.sleep(WATCH_EVERY)  # status.json is rewritten every few seconds: a look a second is enough
                 record = run_record(found)
-                live.update(live_view(record, nodes), refresh=True)
+                live.update(view(record), refresh=True)
     except KeyboardInterrupt:
         return 0  # the run goes on; only the watching stops
     return 0

@@ -100,6 +100,20 @@ def size(nbytes: object) -> str:
     return f"{nbytes:.1f} GiB"
 
 
+def si(value: object, unit: str, digits: int = 3) -> str:
+    """``value`` in ``unit`` with an SI prefix and ``digits`` significant digits: ``1.23 GB/s``, ``612 W``."""
+    v = number(value)
+    if v is None:
+        return "-"
+    prefix = ""
+    for p in ("k", "M", "G", "T"):
+        if abs(v) < 999.5:
+            break
+        v, prefix = v / 1000, p
+    shown = f"{v:.{digits}g}" if abs(v) >= 1 or v == 0 else f"{v:.2f}"
+    return f"{shown} {prefix}{unit}"
+
+
 def mark(state: str | None, text: str | None = None) -> str:
     """A verdict or state as glyph and word (``✗ fail``), coloured by its class."""
     key = state or "unknown"

@@ -6,6 +6,7 @@ it has), each attempt's logs, and the launch phases when the record has them. Wh
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,35 @@ class RunData:
             if a.first_failure == failure:
                 return a.number
         return None
+
+    def axis(self) -> tuple[float, float] | None:
+        """The run's time axis for its charts: its start and its end (the latest time the record holds; now for a
+        run still going), or None when no start is recorded."""
+        rec = self.record
+        t0 = rec.started or min((n.started for n in rec.nodes.values() if n.started), default=None)
+        if t0 is None:
+            return None
+        times = [t for t in (rec.ended, *(n.ended for n in rec.nodes.values()), *(a.ended for a in rec.attempts),
+                             *(r.ended for n in rec.nodes.values() for r in n.ranks.values()),
+                             *(e.get("time") for e in rec.events)) if isinstance(t, (int, float))]
+        return t0, max(times, default=time.time() if not rec.state.ended else t0)
+
+    def failure_time(self) -> float | None:
+        """When the first failure happened: the failing rank's end (the node's, for a node as a whole), else the end
+        of the attempt it ended; None when the record has no failure or no time for it."""
+        failure = self.record.first_failure
+        if failure is None:
+            return None
+        attempt = self.failure_attempt(failure)
+        last = self.record.attempts[-1].number if self.record.attempts else None
+        node = self.record.nodes.get(failure.node)
+        if node is not None and (attempt is None or attempt == last):
+            rank = node.ranks.get(failure.rank) if failure.rank is not None else None
+            when = rank.ended if rank is not None else node.ended
+            if when is not None:
+                return when
+        ends = [a.ended for a in self.record.attempts if a.number == attempt]
+        return ends[0] if ends else None
 
     def received(self) -> dict[tuple[str, int], tuple[int, int]]:
         """(node, rank) -> (bytes, lines) the run's logs received, over stdout and stderr."""

@@ -3,13 +3,13 @@ rank (start, launch phases, end and exit code, the watch's events), output per r
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clusterrun.report import charts
 from clusterrun.report.html import VERMILLION, document, esc, mark, missing, pre, seconds, size, table, when
 from clusterrun.report.run_data import RunData, masked_env
+from clusterrun.report.series_page import series_section
 from clusterrun.runs.judge import signal_name
 
 #: Lines of the failing rank's log shown on its card.
@@ -22,6 +22,7 @@ EVENT_MARKS: dict[str, tuple[str, str, str]] = {
     "path-ok": ("\u25c7", "#0072B2", "data path back"), "hang": ("\u25cf", "#8a5a00", "hang: no output"),
     "hang-stacks": ("\u25cf", "#8a5a00", "stacks taken"), "hang-collectives": ("\u25cf", "#8a5a00", "collectives"),
     "straggler": ("\u25a0", "#8a5a00", "straggler"), "flight-dump": ("\u25cb", "#444", "flight recorder dump"),
+    "wrong-nic": ("\u25b2", "#8a5a00", "traffic on the wrong NIC"),
 }
 
 
@@ -51,7 +52,8 @@ def run_page(data: RunData) -> str:
     if (data.run.path / "doctor" / "report.html").is_file():
         body.append('<p>Before the start, doctor\'s network checks (<code>--preflight full</code>): '
                     '<a href="doctor/report.html">their page</a>.</p>')
-    body += [_failure(data), _problems(data), _attempts(data), _timeline(data), _rank_table(data), _output(data),
+    body += [_failure(data), _problems(data), _attempts(data), _timeline(data), series_section(data),
+             _rank_table(data), _output(data),
              _events(data), _plan(data)]
     if rec.notes:
         body.append("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in rec.notes) + "</ul>")
@@ -117,13 +119,10 @@ def _attempts(data: RunData) -> str:
 
 def _timeline(data: RunData) -> str:
     rec = data.record
-    t0 = rec.started or min((n.started for n in rec.nodes.values() if n.started), default=None)
-    if t0 is None:
+    axis = data.axis()
+    if axis is None:
         return "<h2>Timeline</h2>" + missing("no start time is recorded: no timeline")
-    times = [t for t in (rec.ended, *(n.ended for n in rec.nodes.values()), *(a.ended for a in rec.attempts),
-                         *(r.ended for n in rec.nodes.values() for r in n.ranks.values()),
-                         *(e.get("time") for e in rec.events)) if isinstance(t, (int, float))]
-    end = max(times, default=time.time() if not rec.state.ended else t0)
+    t0, end = axis
     total = max(end - t0, 0.1)
     bands = [charts.Span(a.started - t0, (a.ended or end) - t0, a.state, f"attempt {a.number}: {a.state}"
                          + (f" ({a.cause})" if a.cause else ""), f"attempt {a.number}")
@@ -194,7 +193,8 @@ def _timeline(data: RunData) -> str:
     legend = ("<p class=\"legend\">" + ("Ranks that were stopped after another's failure have no row here (the "
                                           "table below lists every rank). " if many else "") + "Seconds since the start. Bars: \u2713 succeeded (blue), \u2717 failed (hatched), "
               "\u25a0 stopped (grey), unknown (light grey); \u25b7 torchrun started, \u25c6 data path lost, "
-              "\u25c7 back, \u25cf hang, \u25a0 straggler, \u21bb restart, \u2605 spare used. The row of the first "
+              "\u25c7 back, \u25cf hang, \u25a0 straggler, \u21bb restart, \u2605 spare used, \u25b2 traffic on the "
+              "wrong NIC. The row of the first "
               "failure is bold. Every bar's state is also in the tables below.</p>")
     svg = charts.timeline(rows, total, bands=bands, label="timeline per node and rank")
     out = f"<h2>Timeline</h2>{legend}<figure>{svg}</figure>"
@@ -269,8 +269,8 @@ def _output(data: RunData) -> str:
     if logs.get("gaps") or logs.get("unverified"):
         out += missing(f"output that never reached the run directory: {logs.get('gaps') or ''} "
                        f"{'unverified on ' + ', '.join(logs.get('unverified') or []) if logs.get('unverified') else ''}")
-    out += ("<p class=\"legend\">Output and CPU over time: the run record keeps each rank's totals only, so "
-            "these are totals over the run.</p>")
+    out += ("<p class=\"legend\">The run record keeps each rank's output as totals over the run; the NICs, GPUs "
+            "and each rank's CPU over time are drawn above, when the nodes were sampled.</p>")
     return out
 
 

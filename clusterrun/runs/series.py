@@ -248,3 +248,27 @@ def read_series(run_dir: str | Path, node: str, since: float | None = None) -> l
 def size(run_dir: str | Path, node: str) -> int:
     """Bytes the node's series take (every tier, every attempt)."""
     return sum(os.path.getsize(p) for where in node_dirs(run_dir) for p in (where / node).glob("metrics*.jsonl"))
+
+
+def latest(run_dir: str | Path, node: str, count: int = 1, chunk: int = 16384) -> list[Sample]:
+    """``node``'s newest ``count`` samples (oldest first) from the end of its current full-resolution file alone:
+    cheap enough to call every second however long the run has been going (a week of tiers is never read)."""
+    path = Path(run_dir) / node / RAW
+    try:
+        with open(path, "rb") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            at, tail = end, b""
+            while at > 0:
+                at = max(0, at - chunk)
+                fh.seek(at)
+                tail = fh.read(min(chunk, end - at)) + tail
+                end = at
+                if tail.count(b"\n") > count or at == 0:
+                    break
+    except OSError:
+        return []
+    lines = tail.decode("utf-8", errors="replace").splitlines()
+    if at > 0:
+        lines = lines[1:]  # the first may be cut at the chunk's start
+    found = [s for s in map(_parse, reversed(lines)) if s is not None][:count]
+    return found[::-1]
