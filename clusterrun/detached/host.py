@@ -128,7 +128,8 @@ def serve(spec: dict[str, Any]) -> int:
         return 1
     console_file = open(run_dir.path / CONSOLE_LOG, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - the run's
     try:
-        return _supervise(spec, plan, links, run_dir, Console(out=console_file, err=console_file, color=False))
+        console = Console(out=console_file, err=console_file, color=False, fold=bool(spec.get("fold")))
+        return _supervise(spec, plan, links, run_dir, console)
     finally:
         for link in links.values():
             link.abort()  # every agent ends with its connection

@@ -75,9 +75,11 @@ def _address(plan: LaunchPlan, transport: Transport) -> str:
 
 def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport: Transport,
                      stage: Mapping[str, Sequence[Sequence[str]]], settings: SupervisorSettings,
-                     notify: Sequence[str], started: float, restarts: RestartSettings) -> ClusterSupervisor:
+                     notify: Sequence[str], started: float, restarts: RestartSettings,
+                     fold: bool = False) -> ClusterSupervisor:
     """Start the run's supervisor on rank 0's node and move every node's agent to it (see the module's docstring).
-    ``transport``: rank 0's node's; ``restarts``: ``--max-restarts`` and its backoff (on the same nodes). Raises
+    ``transport``: rank 0's node's; ``restarts``: ``--max-restarts`` and its backoff (on the same nodes); ``fold``:
+    its console folds identical lines, as ``up``'s would (what ``attach`` shows). Raises
     :class:`StartError`."""
     master = plan.master
     secret = secrets.token_hex(32)
@@ -91,7 +93,7 @@ def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport
     spec = {"plan": plan.to_dict(secrets=True), "record_dir": where, "settings": dataclasses.asdict(settings),
             "stage": {name: [list(item) for item in items] for name, items in stage.items()}, "secret": secret,
             "notify": list(notify), "started": started, "connect_timeout": CONNECT_TIMEOUT,
-            "max_restarts": restarts.max_restarts, "backoff": restarts.backoff}
+            "max_restarts": restarts.max_restarts, "backoff": restarts.backoff, "fold": fold}
     try:
         host.send(bundle.payload() + "\n")
         host.send(protocol.encode_spec(spec) + "\n")

@@ -106,6 +106,7 @@ class Console:
         self.lookup_said = False  # the one line about c10d's reverse-lookup warning was written
         # Identical lines folded: the ranks' lines, and torchrun's own (never folded with a rank's line).
         self._folders = (Folder(), Folder()) if fold else None
+        self.folds = fold
         self._prefixes: dict[Key, str] = {}  # one key's prefix, as written
         self.clock = clock  # the time rank lines came, when not given
 

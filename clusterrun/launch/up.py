@@ -197,7 +197,7 @@ class _Run:
         started = time.time()
         host = start_on_cluster(plan, _links(ready), self.transports[plan.master.name],
                                 {name: r.stage for name, r in ready.items()}, self.settings,
-                                self.notifier.urls, started, self.restarts)
+                                self.notifier.urls, started, self.restarts, self.console.folds)
         self.run_dir.write_json(SUPERVISOR_FILE, host.to_dict())
         self._write(read_record(self.run_dir).replace(
             state=RunState.detached, started=started, pid=None, detached=True,
