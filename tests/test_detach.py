@@ -114,6 +114,9 @@ def test_detached_job_runs_on_and_logs_follow_it_to_its_end(sim_cluster: SimClus
     record = status(run_id, tmp_path)
     assert record["state"] == "succeeded" and record["exit_code"] == 0
     assert "clusterrun run " + run_id + ": succeeded" in (tmp_path / "runs" / run_id / "report.html").read_text()
+    # The nodes' series, kept by the supervisor, are here too.
+    series = json.loads(run_clusterrun("metrics", run_id, "--json", cwd=tmp_path).stdout)["nodes"]
+    assert set(series) == {"node0", "node1"} and all(len(n["samples"]) >= 2 for n in series.values())
     assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}
     # A `down` after the end changes nothing, and says so.
     after = run_clusterrun("down", run_id, cwd=tmp_path)

@@ -85,3 +85,21 @@ def test_failures_read_back_from_their_dict() -> None:
     failure = Failure("a", 1, 143, int(signal.SIGTERM), "x")
     assert Failure.from_dict(failure.to_dict()) == failure
     assert Failure.from_dict({"node": "a", "rank": None, "exit_code": 1, "signal": "signal 77", "detail": ""}).signal == 77
+
+
+def test_a_gpu_still_used_after_the_run_is_named_with_its_process() -> None:
+    # nvidia-smi's words as the agent gathers them at the end (remote/gpufacts.py): GPU 1 of the run still holds a
+    # process's memory; GPU 3 is not the run's.
+    from clusterrun.runs.judge import gpus_left_busy
+
+    query = ("0, GPU-aaaa, NVIDIA H100 80GB HBM3, 00000000:18:00.0, 550.54.15, 81559, 0, 0\n"
+             "1, GPU-bbbb, NVIDIA H100 80GB HBM3, 00000000:2A:00.0, 550.54.15, 81559, 20480, 0\n"
+             "3, GPU-dddd, NVIDIA H100 80GB HBM3, 00000000:5D:00.0, 550.54.15, 81559, 9000, 0\n")
+    apps = "GPU-bbbb, 4242, python3, 20480\nGPU-dddd, 5151, llama-server, 9000\n"
+    report = {"query": query, "apps": apps, "owners": {"4242": {"user": "ann", "run_id": "r1"}}}
+    said = gpus_left_busy("gpu01", report, [0, 1])
+    assert said == ["gpu01: GPU 1 still has 20480 MiB used by pid 4242 (python3, ann, run r1) after the run; it slows "
+                    "or blocks the next job there: stop it (`clusterrun ps` shows what runs on the nodes)"]
+    assert gpus_left_busy("gpu01", {**report, "apps": ""}, [0, 1]) == []  # nothing left: nothing said
+    assert gpus_left_busy("gpu01", {"query_error": "no answer within 5s"}, [0, 1]) == []
+    assert gpus_left_busy("gpu01", None, [0, 1]) == []

@@ -173,7 +173,7 @@ def trainjob(inv: Any, plan: Any, runs_dir: Any, output: Path | None, force: boo
     """Write a Kubeflow TrainJob (trainer.kubeflow.org/v1alpha1) for the job.
 
     It carries the node count (numNodes), processes per node (numProcPerNode), GPUs per node, the
-    NCCL/Gloo environment that names no node's device, and the script with its arguments; a comment
+    environment you set yourself (no NCCL/Gloo setting derived from the SSH inventory's hosts), and the script with its arguments; a comment
     header lists what it cannot carry.
     """
     from clusterrun.export.kubeflow import KubeOptions, cpu_only

@@ -35,7 +35,7 @@ from clusterrun.planfile import LaunchPlan, NodePlan
 from clusterrun.remote import protocol
 from clusterrun.remote.protocol import Frame
 from clusterrun.runs import RunDir
-from clusterrun.runs.judge import judge_node
+from clusterrun.runs.judge import gpus_left_busy, judge_node
 from clusterrun.runs.live import LiveNodes
 from clusterrun.runs.series import SeriesWriter
 from clusterrun.runs.timeline import Timeline
@@ -215,6 +215,9 @@ class Supervisor:
         if end.failure is not None:
             self._fail(end.failure if end.failure.rank is not None or not node.reason else
                        dataclasses.replace(end.failure, detail=node.reason))
+        for text in gpus_left_busy(node.name, event.get("gpus_after"), self.plan.node(node.name).gpus):
+            self.console.info(text)
+            self._record({"time": time.time(), "node": node.name, "kind": "gpu-left-busy", "text": text})
 
     def _fail(self, failure: Failure) -> None:
         if not self.phase.stopping and self.outcome.first_failure is None:
@@ -333,9 +336,7 @@ class Supervisor:
             self.console.info(note)
             self._record({"time": time.time(), "node": "-", "kind": "flight-dump", "text": note})
 
-    def _resumed(self, gap: float, now: float) -> None:
-        """clusterrun itself stood still (stopped with SIGSTOP or Ctrl-Z, a suspended laptop): the nodes did not go
-        silent, it did. Their agents may have stopped the job meanwhile; give them time to say so."""
+    def _resumed(self, gap: float, now: float) -> None:  # clusterrun stood still (SIGSTOP, Ctrl-Z, a laptop asleep)
         self.console.info(f"clusterrun did not run for {gap:.0f}s (stopped or suspended); the nodes' agents stop the "
                           f"job when they hear nothing for {self.settings.heartbeat_timeout:g}s")
         for name in self._streams:
@@ -361,9 +362,8 @@ class Supervisor:
                                  "its agent stops the job there by itself")
 
     def _send_running(self, line: str) -> None:
-        for name, stream in self._streams.items():
-            if name not in self._ended:
-                stream.send(line)
+        for name in set(self._streams) - self._ended:
+            self._streams[name].send(line)
 
     def _record(self, event: dict[str, Any]) -> None:
         """An event of the run (the watch's findings): kept in order, and in status.json at once."""

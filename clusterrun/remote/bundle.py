@@ -29,6 +29,7 @@ SUPERVISOR_MODULES = (
     "clusterrun.agents.link", "clusterrun.agents.spec",
     "clusterrun.errors", "clusterrun.redact", "clusterrun.waits", "clusterrun.notify", "clusterrun.planfile",
     "clusterrun.facts.flight", "clusterrun.facts.stacks", "clusterrun.facts.torchrun_noise",
+    "clusterrun.facts.parsers.nvidia_smi",
     "clusterrun.inventory.hostlist", "clusterrun.inventory.hostspec", "clusterrun.inventory.kinds",
     "clusterrun.launch.console", "clusterrun.launch.fold", "clusterrun.launch.outcome", "clusterrun.launch.phase",
     "clusterrun.launch.relay", "clusterrun.launch.settings", "clusterrun.launch.supervisor", "clusterrun.launch.watch",

@@ -30,6 +30,7 @@ if __package__:
     from clusterrun.remote import (
         containers,
         flight,
+        gpufacts,
         leases,
         pathwatch,
         procs,
@@ -45,6 +46,7 @@ if __package__:
 else:
     import containers
     import flight
+    import gpufacts
     import leases
     import pathwatch
     import procs
@@ -327,9 +329,11 @@ class Agent:
                                     "time": None})
             ranks[rank]["started"] = started
         watch = {"sent": self.watch.sent, "received": self.watch.received} if self.watch is not None else None
+        # The run's GPUs once it is over, through the node reporter's GPU facts: a process still on one is named.
+        after = gpufacts.gather(timeout=5.0) if self.spec["gpus"] else None
         try:
             return self._finish(rc, signum, ranks, reason=self.stop_reason or "finished", logs=tailer.sizes(),
-                                watch=watch)
+                                watch=watch, gpus_after=after)
         finally:
             if self.watch is not None:
                 self.watch.stop()
@@ -347,11 +351,12 @@ class Agent:
                 break
 
     def _finish(self, rc: int, signum, ranks: dict, reason: str, logs: dict | None = None,
-                watch: dict | None = None) -> int:
+                watch: dict | None = None, gpus_after: dict | None = None) -> int:
         if relay.FEED is not None:  # before the exit goes out: the supervisor's next command is the next attempt's
             relay.FEED.attach(None)
         result = {"ev": protocol.EXIT, "rc": rc, "signal": signum, "ranks": {str(k): v for k, v in ranks.items()},
-                  "reason": reason, "time": self.ended or time.time(), "logs": logs or {}, "watch": watch}
+                  "reason": reason, "time": self.ended or time.time(), "logs": logs or {}, "watch": watch,
+                  "gpus_after": gpus_after}
         try:
             with open(os.path.join(self.run_dir, "exit.json"), "w") as f:
                 json.dump(result, f)

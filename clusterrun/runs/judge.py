@@ -185,3 +185,28 @@ def first_failure(nodes: Sequence[NodeEnd]) -> Failure | None:
         return (int(at) if at != float("inf") else at, end, i)
 
     return min(failed, key=when)[1].failure
+
+
+def gpus_left_busy(node: str, report: Mapping[str, Any] | None, gpus: Sequence[int]) -> list[str]:
+    """The run's GPUs on ``node`` that a process still holds memory on once the job is over, one sentence each,
+    from the node reporter's GPU facts the agent gathered at the end (remote/gpufacts.py; None: not gathered)."""
+    from clusterrun.errors import ParseError
+    from clusterrun.facts.parsers.nvidia_smi import parse, parse_compute_apps
+
+    if not report or not gpus or not report.get("query") or not report.get("apps"):
+        return []
+    try:
+        by_uuid = {g.uuid: g.index for g in parse(report["query"]).gpus if g.uuid and g.index in gpus}
+        apps = parse_compute_apps(report["apps"]).processes
+    except ParseError:
+        return []
+    owners = report.get("owners") or {}
+    out = []
+    for app in apps:
+        if app.gpu_uuid in by_uuid and (app.used_memory_mib or 0) > 0:
+            owner = owners.get(str(app.pid)) or {}
+            who = ", ".join(x for x in (owner.get("user"), f"run {owner['run_id']}" if owner.get("run_id") else None) if x)
+            out.append(f"{node}: GPU {by_uuid[app.gpu_uuid]} still has {app.used_memory_mib} MiB used by pid {app.pid} "
+                       f"({app.process_name or '?'}{', ' + who if who else ''}) after the run; it slows or blocks the "
+                       "next job there: stop it (`clusterrun ps` shows what runs on the nodes)")
+    return out
