@@ -141,8 +141,21 @@ def wait_for_lines(proc: subprocess.Popen[str], count: int, needle: str, timeout
         if not chunk:
             break
         *lines, buf = (buf + chunk).split(b"\n")
-        seen += sum(needle.encode() in line for line in lines)
+        seen += sum(ranks_of(line.decode(errors="replace")) for line in lines if needle.encode() in line)
     assert seen == count, f"saw {seen} of {count} '{needle}' lines"
+
+
+def ranks_of(line: str) -> int:
+    """How many ranks' copies a terminal line stands for: one, or those of a folded line's prefix
+    (``[node[0-1]:0-1] ...``: the same line from ranks 0 and 1, shown once)."""
+    if not line.startswith("[") or "] " not in line:
+        return 1
+    prefix = line[1:line.index("] ")]
+    ranks = prefix.rsplit(":", 1)[1] if ":" in prefix else ""
+    if not ranks or not all(c.isdigit() or c in ",-" for c in ranks):
+        return 1
+    return sum(int(b) - int(a) + 1 if "-" in part else 1
+               for part in ranks.split(",") for a, _, b in [part.partition("-")])
 
 
 def assert_nothing_left(cluster: SimCluster, run_id: str, timeout: float = 10.0) -> None:
