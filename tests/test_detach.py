@@ -205,13 +205,15 @@ def test_attach_shows_the_run_live_and_ctrl_c_leaves_it_running(sim_cluster: Sim
         time.sleep(0.2)
     assert both_saw(), seen  # both see the output
     first.send_signal(signal.SIGINT)
-    _out, err = first.communicate(timeout=30)
-    assert first.returncode == 0 and f"detached from run {run_id}; it goes on" in err
+    # Each stdout has its reader thread: only wait here (communicate would read stdout too, and split the lines).
+    assert first.wait(timeout=30) == 0
+    assert first.stderr is not None and f"detached from run {run_id}; it goes on" in first.stderr.read()
     assert set(sim_cluster.job_processes(run_id)) == {"node0", "node1"}  # still running
-    _out, err = second.communicate(timeout=120)
+    code = second.wait(timeout=120)
     for reader in readers:
         reader.join(timeout=5)
-    assert second.returncode == 0, err
+    assert second.stderr is not None
+    assert code == 0, second.stderr.read()
     shown = "".join(seen[1])
     assert f"run {run_id}: succeeded" in shown, shown[-3000:]  # the summary at the end
     assert [x for x in shown.splitlines() if x.startswith("[node1:1] tick")][-1] == "[node1:1] tick 11 rank 1"

@@ -98,8 +98,9 @@ def attach(run: str, runs_dir: Path, lines: int) -> int:
 
     The run's supervisor on rank 0's node keeps its output; this only looks. Ctrl-C stops looking, not the run.
     """
+    from clusterrun.detached.host import CONSOLE_LOG
     from clusterrun.errors import UsageError
-    from clusterrun.ops.mirror import CONSOLE_LOG, over, supervisor_of
+    from clusterrun.ops.mirror import over, supervisor_of
     from clusterrun.runs import find_run
 
     found = find_run(runs_dir, run)
@@ -108,8 +109,9 @@ def attach(run: str, runs_dir: Path, lines: int) -> int:
                          f"`clusterrun logs {found.run_id}` prints its rank logs")
     refreshed(found)
     path = found.path / CONSOLE_LOG
-    text = path.read_bytes().decode("utf-8", errors="replace") if path.is_file() else ""
-    shown = text.splitlines(keepends=True)
+    data = path.read_bytes() if path.is_file() else b""
+    done = data.rfind(b"\n") + 1  # what is shown: whole lines only, from this machine's copy of the console
+    shown = data[:done].decode("utf-8", errors="replace").splitlines(keepends=True)
     sys.stdout.write("".join(shown[-lines:]) if lines else "")  # where the run stands
     sys.stdout.flush()
     misses = 0
@@ -124,14 +126,29 @@ def attach(run: str, runs_dir: Path, lines: int) -> int:
                 click.echo(f"clusterrun: {got.problem}; stopped looking (the run goes on): `clusterrun attach "
                            f"{found.run_id}` again later", err=True)
                 return 1
-            sys.stdout.write(got.console.decode("utf-8", errors="replace"))
-            sys.stdout.flush()
+            done = _show_from(path, done)
     except KeyboardInterrupt:
         click.echo(f"\nclusterrun: detached from run {found.run_id}; it goes on on its nodes (`clusterrun attach "
                    f"{found.run_id}` shows it again, `clusterrun down {found.run_id}` stops it)", err=True)
         return 0
     from clusterrun.cli.status_text import print_status
 
+    _show_from(path, done)
     click.echo()
     print_status(found)
     return 0
+
+
+def _show_from(path: Path, done: int) -> int:
+    """Print the console's whole lines past ``done`` (this machine's copy, which another `attach` or `logs` may
+    have brought here); returns where the printed lines end."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(done)
+            data = fh.read()
+    except OSError:
+        return done
+    end = data.rfind(b"\n") + 1
+    sys.stdout.write(data[:end].decode("utf-8", errors="replace"))
+    sys.stdout.flush()
+    return done + end

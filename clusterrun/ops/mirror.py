@@ -14,13 +14,11 @@ so.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from clusterrun.agents.link import run_mode
 from clusterrun.agents.spec import mirror_spec
-from clusterrun.detached.host import CONSOLE_LOG, marker_node
+from clusterrun.detached.host import marker_node
 from clusterrun.detached.start import SUPERVISOR_FILE, ClusterSupervisor
 from clusterrun.errors import ClusterrunError
 from clusterrun.ops.down import run_inventory
@@ -43,7 +41,6 @@ class Mirrored:
     alive: bool | None  # the supervisor still runs; None: its node could not be asked
     problem: str | None = None
     asked: bool = False  # the stop request reached it
-    console: bytes = b""  # console output new to this machine, in order
 
 
 def supervisor_of(run: RunDir) -> ClusterSupervisor | None:
@@ -127,9 +124,7 @@ def refresh(run: RunDir, *, stop: str | None = None, transport: Transport | None
         kind = frame.event.get("ev")
         if kind == mirror.FILE:
             rel = str(frame.event.get("path"))
-            if _write(run, rel, int(frame.event.get("offset") or 0), bool(frame.event.get("whole")), frame.payload) \
-                    and rel == CONSOLE_LOG:
-                out.console += frame.payload
+            _write(run, rel, int(frame.event.get("offset") or 0), bool(frame.event.get("whole")), frame.payload)
         elif kind == mirror.SUPERVISOR:
             out.alive, out.asked = bool(frame.event.get("alive")), bool(frame.event.get("asked"))
         elif kind == protocol.ERROR:
@@ -142,13 +137,6 @@ def refresh(run: RunDir, *, stop: str | None = None, transport: Transport | None
 def over(run: RunDir) -> bool:
     """The mirrored record says how the run ended."""
     return read_record(run).state in OVER
-
-
-def console_size(run: RunDir) -> int:
-    try:
-        return os.path.getsize(Path(run.path) / CONSOLE_LOG)
-    except OSError:
-        return 0
 
 
 def settle(run: RunDir, host: ClusterSupervisor) -> str:

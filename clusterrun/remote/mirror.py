@@ -49,13 +49,15 @@ def _supervisor_pid(folder: str, run_id: str, node: str):
 
 
 def _files(folder: str) -> list:
-    out = []
+    """The record's files, status.json first: what it says was written after every line the others hold then, so a
+    caller that sees the run's end in it has all of its output from the same call."""
+    out = ["status.json"] if os.path.isfile(os.path.join(folder, "status.json")) else []
     for root, dirs, names in os.walk(folder):
         dirs.sort()
         for name in sorted(names):
             path = os.path.join(root, name)
             rel = os.path.relpath(path, folder)
-            if name == PID_FILE or not os.path.isfile(path):
+            if name == PID_FILE or rel == "status.json" or not os.path.isfile(path):
                 continue
             out.append(rel)
             if len(out) >= MAX_FILES:
