@@ -324,6 +324,9 @@ def test_a_job_that_fails_once_is_restarted_by_the_supervisor_and_succeeds(sim_c
     assert (tmp_path / "runs" / run_id / "attempt-0" / "node1" / "rank1.log").read_text() == "attempt 0 rank 1\n"
     logs = run_clusterrun("logs", run_id, cwd=tmp_path)
     assert logs.stdout.splitlines() == ["[node0:0] attempt 1 rank 0", "[node1:1] attempt 1 rank 1"], logs.stdout
+    # Followed, both attempts show: the restart's new log in the old one's place is read from its start.
+    for rank in (0, 1):
+        assert f"[node{rank}:{rank}] attempt 1 rank {rank}" in done.stdout.splitlines(), done.stdout
     assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}
 
 

@@ -169,6 +169,7 @@ def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: b
     if run_record(found).state is RunState.detached:
         return _remote_logs(found, node, rank, follow, out)
     offsets: dict[Path, int] = {}
+    heads: dict[Path, bytes] = {}  # each file's first bytes as read: a file that begins otherwise is another one
     pending: dict[Path, bytes] = {}
     while True:
         record = run_record(found)
@@ -180,9 +181,16 @@ def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: b
             raise _no_logs(found, record, node, rank)
         for name, r, path in logs:
             with open(path, "rb") as fh:
+                head = heads.get(path, b"")
+                if fh.read(len(head)) != head:  # another file in its place (a restart's next attempt): from its start
+                    offsets[path], heads[path] = 0, b""
+                    pending.pop(path, None)
                 fh.seek(offsets.get(path, 0))
                 data = pending.pop(path, b"") + fh.read()
                 offsets[path] = fh.tell()
+                if len(heads.get(path, b"")) < 256:
+                    fh.seek(0)
+                    heads[path] = fh.read(min(offsets[path], 256))
             *lines, rest = data.split(b"\n")
             if rest:
                 pending[path] = rest  # half a line: wait for the rest
