@@ -121,7 +121,9 @@ def test_flood_every_line_once_and_whole_in_terminal_and_runs(sim_cluster: SimCl
     for rank in world:
         bars = [text for ranks, text, _ in shown if rank in ranks and "|bar|" in text]
         assert 1 <= len(bars) <= 10, bars[:12]
-        assert bars[-1].endswith(" done |bar|")  # the last state is always shown (or noted)
+        # The last state is always shown (or noted). A note on a late copy of an earlier state may come after it:
+        # notes come once copies stop.
+        assert any(bar.endswith(" done |bar|") for bar in bars), bars[-12:]
 
     run = the_run(tmp_path)
     for rank in world:
