@@ -41,6 +41,7 @@ from clusterrun.launch.outcome import (
     notify_end,
     notify_start,
     untrusted_nodes,
+    whole_run,
 )
 from clusterrun.launch.phase import STOP_SIGNAL
 from clusterrun.launch.settings import SupervisorSettings
@@ -178,9 +179,7 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
             supervisor.after_start = going
         outcome = supervisor.run()
         attempt = attempts[-1]
-        attempt.ended, attempt.state, attempt.exit_code = outcome.ended, outcome.state.value, outcome.exit_code
-        attempt.cause = outcome.first_failure.describe() if outcome.first_failure else None
-        attempt.first_failure = outcome.first_failure
+        attempt.ended_with(outcome)
         events += tag_events(outcome.events, number) if max_restarts else tuple(outcome.events)
         failure = outcome.first_failure
         tail = run_dir.tail(failure.node, failure.rank, 5) if failure and failure.rank is not None else []
@@ -207,11 +206,7 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
         plan, stage = plan.for_attempt(number + 1), _restage(stage, plan, plan.for_attempt(number + 1))
         run_dir.write_json("plan.json", plan.to_dict())
     outcome.started = started
-    record = outcome.record().replace(events=events, attempts=tuple(a.record() for a in attempts) if max_restarts
-                                      else ())
-    if len(attempts) > 1:
-        first = next((a.first_failure for a in attempts if a.first_failure is not None), None)
-        record = record.replace(notes=(*(a.describe() for a in attempts), *outcome.notes), first_failure=first)
+    record = whole_run(outcome, attempts, events, bool(max_restarts))
     # The documents first: what could not go out is in the record's directory before the record says the run
     # ended (a look that sees the end sees them too).
     notify_end(notifier, outcome, plan, str(run_dir.path))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +138,12 @@ class Attempt:
     replaced: dict[str, str] = field(default_factory=dict)  # lost node -> the spare that took its place
     first_failure: Failure | None = None
 
+    def ended_with(self, outcome: RunOutcome) -> None:
+        """This attempt ended as ``outcome`` (the supervisor's of it) says."""
+        self.ended, self.state, self.exit_code = outcome.ended, outcome.state.value, outcome.exit_code
+        self.cause = outcome.first_failure.describe() if outcome.first_failure else None
+        self.first_failure = outcome.first_failure
+
     def record(self) -> AttemptRecord:
         return AttemptRecord(self.number, tuple(self.nodes), self.started, self.ended, self.state, self.exit_code,
                              self.cause, dict(self.left_out), dict(self.replaced), self.first_failure)
@@ -251,3 +257,17 @@ def next_attempt(outcome: RunOutcome, number: int, max_restarts: int, last: Sign
                                f"({failure.describe()}, the same last lines); a restart cannot fix that: fix the "
                                "script or its data, then start again", sig)
     return Decision(True, None, sig)
+
+
+def whole_run(outcome: RunOutcome, attempts: Sequence[Attempt], events: Sequence[Mapping[str, Any]],
+              listed: bool) -> RunRecord:
+    """The run's record over all its attempts, from the last one's ``outcome``: every attempt's events, the attempts
+    themselves when the run may restart (``listed``), and after a restart the first failure of all, each attempt
+    described first in the notes (``outcome``'s notes get them too, for the summary)."""
+    record = outcome.record().replace(events=tuple(events),
+                                      attempts=tuple(a.record() for a in attempts) if listed else ())
+    if len(attempts) > 1:
+        outcome.notes[:0] = [a.describe() for a in attempts]
+        first = next((a.first_failure for a in attempts if a.first_failure is not None), None)
+        record = record.replace(notes=tuple(outcome.notes), first_failure=first)
+    return record

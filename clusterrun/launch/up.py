@@ -24,6 +24,7 @@ from clusterrun.launch.outcome import (
     notify_end,
     notify_start,
     untrusted_nodes,
+    whole_run,
 )
 from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.ready import NodeReady, check_ready, drop, image_lines, remove_archives
@@ -281,9 +282,7 @@ class _Run:
         outcome.notes += [f"slow launch: {s}" for s in slow_phases({n: o.timeline for n, o in outcome.nodes.items()})]
         complete_logs(plan, self.transports, self.run_dir, outcome, supervisor.relay, self.console,
                       grace=self.settings.grace, heartbeat_timeout=self.settings.heartbeat_timeout)
-        attempt.ended, attempt.state, attempt.exit_code = outcome.ended, outcome.state.value, outcome.exit_code
-        attempt.cause = outcome.first_failure.describe() if outcome.first_failure else None
-        attempt.first_failure = outcome.first_failure
+        attempt.ended_with(outcome)
         self.events += tag_events(outcome.events, attempt.number) if self.restarts.max_restarts else tuple(
             outcome.events)
         return outcome
@@ -379,11 +378,7 @@ class _Run:
         the first failure of all (the last attempt's own stays in ``attempts``). ``outcome`` (the last attempt's)
         gets the run's start, so that its summary and ``--notify`` say how long the whole run took."""
         outcome.started = self.attempts[0].started if self.attempts else outcome.started
-        record = outcome.record().replace(events=self.events, attempts=self._attempt_records())
-        if len(self.attempts) > 1:
-            outcome.notes[:0] = [a.describe() for a in self.attempts]
-            first = next((a.first_failure for a in self.attempts if a.first_failure is not None), None)
-            record = record.replace(notes=tuple(outcome.notes), first_failure=first)
+        record = whole_run(outcome, self.attempts, self.events, bool(self.restarts.max_restarts))
         try:
             self._write(record)
         except OSError as exc:
