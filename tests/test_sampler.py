@@ -177,6 +177,15 @@ def test_kernel_socket_counters_give_the_bytes_of_each_rank_connection() -> None
         pair = "127.0.0.1>127.0.0.1"
         assert conns[pair]["n"] == 2
         assert conns[pair]["tx"] >= 300_000 and conns[pair]["rx"] >= 300_000
+        # A quiet sample (bytes not read) between two busy ones: the next busy one holds every byte since.
+        quiet = sockets.sample([os.getpid()], 1.0, now=4.0, busy=False)["lo"]
+        assert quiet[pair] == {"n": 2}
+        client.sendall(b"y" * 200_000)
+        got = 0
+        while got < 200_000:
+            got += len(peer.recv(1 << 20))
+        busy = sockets.sample([os.getpid()], 0.5, now=4.5)["lo"]
+        assert busy[pair]["tx"] * 0.5 >= 200_000 and busy[pair]["rx"] * 0.5 >= 200_000
 
 
 def _standin(tmp_path: Path, mode: str = "ok", after: int = 2, apps: str = "") -> str:

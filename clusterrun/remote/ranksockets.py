@@ -297,5 +297,6 @@ class RankSockets:
             if before is not None and dt > 0:
                 entry["tx"] += int(max(0, sent - before[0]) / dt)
                 entry["rx"] += int(max(0, received - before[1]) / dt)
-        self.last = seen
+        if measured:  # a quiet sample keeps the last readings: the next delta holds its (few) bytes too
+            self.last = seen
         return out
