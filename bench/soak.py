@@ -20,7 +20,10 @@ is caught up, not lost), for --minutes minutes plus a margin that covers the ran
 when every rank's first line has reached clusterrun's stdout (the start of the run, the ready checks and the
 launch are not what a soak is about); each of the --minutes minutes from then is reported: RSS at its end and its
 peak, CPU seconds spent in it, threads and descriptors at its end. First minute against last minute, with the
-ratio last/first, says whether the orchestrator grows or slows as the run goes on.
+ratio last/first, says whether the orchestrator grows or slows as the run goes on. The node agents (each found on
+its node by its command line, `... prepare`; they sample the node every second by default) are read at the same
+moments: CPU ms per second per agent and the largest RSS, per minute. At the end, each node's series files
+(runs/<id>/<node>/metrics*.jsonl) in bytes and the largest as MB per node-hour of the run.
 
 At the end: every worker line must have arrived. Per rank, the lines of runs/<id>/<node>/rank<R>.log and of
 clusterrun's stdout (`[node:rank] ` + the line) are parsed: unique numbered lines against what the rank said it
@@ -99,6 +102,23 @@ def sample(pid: int) -> dict | None:
             "threads": int(values["Threads"]), "fds": fds}
 
 
+def agents_of(cluster: SimCluster, names: list[str]) -> list[int]:
+    """The node agents' pids (each found on its node by its command line, ``... prepare``, as bench/launch.py)."""
+    return [pid for name in names for pid, cmd in cluster.processes(name) if cmd.rstrip().endswith(" prepare")]
+
+
+def sample_agents(pids: list[int]) -> dict:
+    """The node agents' CPU seconds (summed) and the largest RSS, with how many of them were read."""
+    read = [s for s in map(sample, pids) if s is not None]
+    return {"agents": len(read), "agents_cpu_s": sum(s["cpu_s"] for s in read),
+            "agents_rss_mib": max((s["rss_mib"] for s in read), default=None)}
+
+
+def series_bytes(run_dir: Path, names: list[str]) -> dict[str, int]:
+    """Each node's series files (runs/<id>/<node>/metrics*.jsonl, every attempt's) in bytes."""
+    return {name: sum(f.stat().st_size for f in run_dir.rglob(f"{name}/metrics*.jsonl")) for name in names}
+
+
 def per_minute(samples: list[dict], minutes: int) -> list[dict]:
     """Each minute from the clock's start: RSS at its end and its peak, CPU seconds spent in it, threads and fds."""
     rows = []
@@ -119,6 +139,11 @@ def per_minute(samples: list[dict], minutes: int) -> list[dict]:
             "cpu_s_per_min": (last["cpu_s"] - first["cpu_s"]) * 60 / span if span > 0 else None,
             "threads": last["threads"],
             "fds": last["fds"],
+            # the node agents' (sampling every second): CPU ms per second per agent, the largest RSS
+            "agent_cpu_ms_per_s": (1000 * (last["agents_cpu_s"] - first["agents_cpu_s"]) / span / last["agents"]
+                                   if span > 0 and last.get("agents") and last["agents"] == first.get("agents")
+                                   else None),
+            "agent_rss_mib": last.get("agents_rss_mib"),
         })
     return rows
 
@@ -225,7 +250,10 @@ def soak(cluster: SimCluster, work: Path, args: argparse.Namespace) -> dict:
             time.sleep(0.2)  # poll step of a deadline-bounded wait
         t0 = time.monotonic()
         res["start_s"] = t0 - launched
-        print(f"every rank prints, {res['start_s']:.1f}s after the start; sampling {minutes} minute(s)", flush=True)
+        agents = agents_of(cluster, names)
+        res["agent_pids"] = agents
+        print(f"every rank prints, {res['start_s']:.1f}s after the start; sampling {minutes} minute(s) and "
+              f"{len(agents)} node agent(s)", flush=True)
         for k in range(int(60 * minutes / args.sample) + 1):
             ahead = t0 + k * args.sample - time.monotonic()
             if ahead > 0:
@@ -234,12 +262,13 @@ def soak(cluster: SimCluster, work: Path, args: argparse.Namespace) -> dict:
             if now is None:
                 res["error"] = f"clusterrun ended {time.monotonic() - t0:.0f}s into the soak (rc {p.poll()})"
                 break
-            samples.append({"t": time.monotonic() - t0, **now})
+            samples.append({"t": time.monotonic() - t0, **now, **sample_agents(agents)})
             if k and k % int(60 / args.sample) == 0:
                 row = per_minute(samples, round(k * args.sample / 60))[-1]
                 print(f"  minute {row['minute']:3d}: rss {fmt(row.get('rss_mib'), '.1f')} MiB, cpu "
-                      f"{fmt(row.get('cpu_s_per_min'))} s/min, threads {row.get('threads')}, fds {row.get('fds')}",
-                      flush=True)
+                      f"{fmt(row.get('cpu_s_per_min'))} s/min, threads {row.get('threads')}, fds {row.get('fds')}; "
+                      f"agents {fmt(row.get('agent_cpu_ms_per_s'))} ms/s, rss {fmt(row.get('agent_rss_mib'), '.1f')}"
+                      " MiB", flush=True)
         try:
             res["rc"] = p.wait(timeout=END_TIMEOUT + seconds - (time.monotonic() - t0))
         except subprocess.TimeoutExpired:
@@ -271,11 +300,14 @@ def soak(cluster: SimCluster, work: Path, args: argparse.Namespace) -> dict:
     if full:
         first, last = full[0], full[-1]
         res["first_minute"], res["last_minute"] = first, last
-        res["ratio_last_first"] = {key: last[key] / first[key] if first.get(key) else None
-                                   for key in ("rss_mib", "cpu_s_per_min")}
+        res["ratio_last_first"] = {key: last[key] / first[key] if first.get(key) and last.get(key) else None
+                                   for key in ("rss_mib", "cpu_s_per_min", "agent_cpu_ms_per_s", "agent_rss_mib")}
     if len(run_dirs) == 1:
         run_dir = run_dirs[0]
         res["lines"] = check_lines(run_dir, stdout, names, args.nproc)
+        res["series_bytes"] = series_bytes(run_dir, names)
+        res["series_mb_per_node_hour"] = (max(res["series_bytes"].values(), default=0) / 1e6
+                                          / ((60 * args.minutes + res.get("start_s", 0.0)) / 3600))
         with contextlib.suppress(OSError, ValueError):
             status = json.loads((run_dir / "status.json").read_text())
             res["state"] = status.get("state")
@@ -290,16 +322,24 @@ def report(res: dict) -> None:
           f"{res['minutes']} minute(s); clusterrun rc {res.get('rc')}, state {res.get('state')}")
     if res.get("error"):
         print(f"  error: {res['error']}")
-    print(f"{'minute':>6} | {'rss MiB':>8} | {'peak MiB':>8} | {'cpu s/min':>9} | {'threads':>7} | {'fds':>4}")
-    print("-" * 58)
+    print(f"{'minute':>6} | {'rss MiB':>8} | {'peak MiB':>8} | {'cpu s/min':>9} | {'threads':>7} | {'fds':>4} | "
+          f"{'agent ms/s':>10} | {'agent MiB':>9}")
+    print("-" * 84)
     for row in res.get("per_minute", []):
         print(f"{row['minute']:>6} | {fmt(row.get('rss_mib'), '8.1f')} | {fmt(row.get('rss_peak_mib'), '8.1f')} | "
-              f"{fmt(row.get('cpu_s_per_min'), '9.2f')} | {row.get('threads', 'n/a'):>7} | {row.get('fds', 'n/a'):>4}")
+              f"{fmt(row.get('cpu_s_per_min'), '9.2f')} | {row.get('threads', 'n/a'):>7} | {row.get('fds', 'n/a'):>4} | "
+              f"{fmt(row.get('agent_cpu_ms_per_s'), '10.2f')} | {fmt(row.get('agent_rss_mib'), '9.1f')}")
     if "first_minute" in res:
         first, last, ratio = res["first_minute"], res["last_minute"], res["ratio_last_first"]
         print(f"first minute ({first['minute']}): rss {first['rss_mib']:.1f} MiB, cpu {first['cpu_s_per_min']:.2f} s/min;"
               f" last minute ({last['minute']}): rss {last['rss_mib']:.1f} MiB, cpu {last['cpu_s_per_min']:.2f} s/min;"
               f" last/first: rss {fmt(ratio['rss_mib'])}, cpu {fmt(ratio['cpu_s_per_min'])}")
+        print(f"node agents: first minute {fmt(first.get('agent_cpu_ms_per_s'))} ms/s, rss "
+              f"{fmt(first.get('agent_rss_mib'), '.1f')} MiB; last minute {fmt(last.get('agent_cpu_ms_per_s'))} ms/s, "
+              f"rss {fmt(last.get('agent_rss_mib'), '.1f')} MiB; last/first: cpu {fmt(ratio['agent_cpu_ms_per_s'])}, "
+              f"rss {fmt(ratio['agent_rss_mib'])}")
+    if "series_bytes" in res:
+        print(f"series: {res['series_bytes']} bytes per node; {fmt(res['series_mb_per_node_hour'])} MB per node-hour")
     lines = res.get("lines")
     if lines:
         bad = {rank: r for rank, r in lines["ranks"].items() if not r["complete"]}

@@ -8,7 +8,7 @@ it travels to rank 0's node with the cluster supervisor of a detached run, which
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,6 +231,24 @@ class LaunchPlan:
 
         return dataclasses.replace(self, job=dataclasses.replace(self.job, attempt=attempt),
                                    nodes=tuple(moved(n) for n in self.nodes))
+
+    def on_nodes(self, names: Sequence[str]) -> LaunchPlan:
+        """This plan on ``names``, some of its own nodes in this order (a lost node left out, ``--min-nodes``), as
+        the planner would make it: node ranks, global ranks and torchrun's ``--nnodes``/``--node-rank`` given
+        anew. The master stays where it is, so ``names`` begins with it (a restart without rank 0's node needs
+        a new plan). Both supervisors, attached and detached, recompose a restart's plan with it."""
+        if not names or names[0] != self.master.name or len(set(names)) != len(names):
+            raise ValueError(f"a plan's nodes must begin with its master {self.master.name}, once each: {list(names)}")
+        nodes, offset = [], 0
+        for rank, name in enumerate(names):
+            node = self.node(name)
+            argv = list(node.argv)
+            for flag, value in (("--nnodes", len(names)), ("--node-rank", rank)):
+                at = argv.index(flag)  # the planner's own, before the script and its arguments
+                argv[at + 1] = str(value)
+            nodes.append(dataclasses.replace(node, node_rank=rank, rank_offset=offset, argv=tuple(argv)))
+            offset += node.nproc_per_node
+        return dataclasses.replace(self, nodes=tuple(nodes))
 
     def to_dict(self, *, secrets: bool = False) -> dict[str, Any]:
         """The plan as plan.json holds it (``secrets``: see :meth:`NodePlan.to_dict`)."""

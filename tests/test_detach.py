@@ -45,8 +45,8 @@ time.sleep(300)
 STOP_BOUND = 30
 
 
-def detach(inv: Path, cwd: Path, script: str, *flags: str) -> str:
-    done = run_clusterrun("up", "--detach", *flags, str(inv), script, cwd=cwd)
+def detach(inv: Path, cwd: Path, script: str, *flags: str, args: tuple[str, ...] = ()) -> str:
+    done = run_clusterrun("up", "--detach", *flags, str(inv), script, *args, cwd=cwd)
     assert done.returncode == 0, done.stderr
     run_id = done.stdout.strip()
     assert f"clusterrun attach {run_id}" in done.stderr and f"clusterrun down {run_id}" in done.stderr
@@ -349,4 +349,42 @@ def test_down_during_a_restarts_backoff_stops_the_run_before_another_attempt(sim
     assert record["first_failure"]["rank"] == 1  # the failure that came before is kept
     assert [a["attempt"] for a in record["attempts"]] == [0]  # no further attempt
     assert any("stopped before attempt 1 started" in note for note in record["notes"])
+    assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}
+
+
+def test_a_lost_worker_is_left_out_by_the_supervisor_with_min_nodes(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    # The supervisor on node0 recomposes the next attempt from its plan without node3 (launch/outcome.py's
+    # recompose, planfile's on_nodes: what an attached `up` does), and the job goes on with 3 nodes.
+    from test_restarts import JOB
+
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 4, nproc=1)
+    (tmp_path / "job.py").write_text(JOB)
+    run_id = detach(inv, tmp_path, "job.py", "--max-restarts", "2", "--restart-backoff", "0.5", "--min-nodes", "3",
+                    args=("partition",))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # training: every rank reduces, rank 0 prints its steps
+        if "step 20" in run_clusterrun("logs", run_id, "--node", "node0", cwd=tmp_path).stdout:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"no step 20 within 120s: {status(run_id, tmp_path)}")
+    sim_cluster.partition(3)  # node3 falls off both networks in the middle of training
+    try:
+        done = run_clusterrun("logs", run_id, "-f", cwd=tmp_path, timeout=300)
+    finally:
+        sim_cluster.heal(3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = status(run_id, tmp_path)
+    assert record["state"] == "succeeded", record
+    first, second = record["attempts"]
+    assert first["state"] == "failed" and second["nodes"] == ["node0", "node1", "node2"]
+    assert "node3" in second["left_out"] and record["first_failure"]["node"] == "node3"
+    shown = [line for line in done.stdout.splitlines() if "attempt 1 rank" in line]
+    assert sorted(line.split("] ", 1)[1] for line in shown) == [f"attempt 1 rank {r} world 3 torchelastic 1"
+                                                               for r in range(3)]
+    console = (tmp_path / "runs" / run_id / "console.log").read_text()
+    assert "node3 left out" in console
+    plan = json.loads((tmp_path / "runs" / run_id / "plan.json").read_text())
+    assert plan["nnodes"] == 3 and [n["node_rank"] for n in plan["nodes"]] == [0, 1, 2]
+    # node3's agent stopped its job when the supervisor went silent (the partition): nothing anywhere now
     assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}

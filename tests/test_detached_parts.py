@@ -177,7 +177,8 @@ def test_the_mirror_here_appends_at_the_offset_and_keeps_the_launch_timeline(tmp
     assert _write(run, "node0/rank0.log", 2, False, b"b\n")  # the same bytes again: never a line twice
     assert (tmp_path / "node0" / "rank0.log").read_bytes() == b"a\nb\n"
     assert not _write(run, "../escape.log", 0, False, b"x")  # only paths inside the run directory
-    assert not _write(run, "plan.json", 0, True, b"{}")  # this machine's plan stays
+    assert not _write(run, "inventory.json", 0, True, b"{}")  # this machine's inventory stays
+    assert _write(run, "plan.json", 0, True, b'{"nnodes": 3}')  # the supervisor's plan: a restart may change it
 
 
 @pytest.mark.parametrize("inventory", sorted(p.name for p in (Path(__file__).parent.parent / "inventories").glob("*.yaml")))
@@ -198,3 +199,32 @@ def test_a_restart_on_the_serialized_plan_is_the_planners(inventory: str, first:
         want = build_plan(inv, dataclasses.replace(job, attempt=attempt))
         got = given.for_attempt(attempt)
         assert got.to_dict(secrets=True) == want.to_dict(secrets=True)
+
+
+@pytest.mark.parametrize("inventory", sorted(p.name for p in (Path(__file__).parent.parent / "inventories").glob("*.yaml")))
+def test_a_plan_without_a_lost_node_on_the_serialized_plan_is_the_planners(inventory: str) -> None:
+    # --min-nodes: the next attempt leaves a lost node out; the supervisor recomposes the plan it was given, and
+    # gets what the planner gives for the inventory without that node (ranks, --nnodes, --node-rank, offsets).
+    import dataclasses
+
+    from clusterrun.inventory.yaml_source import load_inventory
+    from clusterrun.plan import JobSpec, build_plan
+    from clusterrun.planfile import LaunchPlan
+
+    inv = load_inventory(Path(__file__).parent.parent / "inventories" / inventory)
+    job = JobSpec(script="train.py", run_id="20261127-101500-abcd", args=("--nnodes", "9"), restarts=2)
+    whole = build_plan(inv, job)
+    given = LaunchPlan.from_dict(whole.to_dict(secrets=True))
+    order = [n.name for n in whole.nodes]
+    if len(order) < 2:
+        with pytest.raises(ValueError, match="master"):
+            given.on_nodes([])
+        return
+    for lost in order[1:]:
+        keep = [name for name in order if name != lost]
+        fewer = inv.model_copy(update={"nodes": [n for n in inv.nodes if n.name in keep]})
+        want = build_plan(fewer, dataclasses.replace(job, attempt=1))
+        got = given.on_nodes(keep).for_attempt(1)
+        assert got.to_dict(secrets=True) | {"warnings": []} == want.to_dict(secrets=True) | {"warnings": []}
+    with pytest.raises(ValueError, match=f"begin with its master {order[0]}"):
+        given.on_nodes(order[1:])

@@ -6,16 +6,17 @@ import pytest
 
 from clusterrun.errors import EXIT_TIMEOUT
 from clusterrun.launch.outcome import (
+    CannotContinue,
     Failure,
     NodeOutcome,
     RankState,
     RunOutcome,
     backoff,
     no_restart,
+    recompose,
     signature,
     untrusted_nodes,
 )
-from clusterrun.launch.replan import CannotContinue, recompose
 
 
 def outcome(failure: Failure | None = None, lost: tuple[str, ...] = (), interrupted: int | None = None) -> RunOutcome:

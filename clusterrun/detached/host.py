@@ -35,11 +35,13 @@ from clusterrun.detached.links import Listener
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import (
     Attempt,
+    CannotContinue,
     Signature,
     backoff,
     next_attempt,
     notify_end,
     notify_start,
+    recompose,
     untrusted_nodes,
     whole_run,
 )
@@ -147,12 +149,26 @@ def _restage(stage: dict[str, list[list[str]]], before: LaunchPlan, after: Launc
     return out
 
 
+def _without_lost(plan: LaunchPlan, lost: dict[str, str], min_nodes: int | None) -> tuple[list[str], dict[str, str]]:
+    """The next attempt's nodes and those left out (``recompose`` without spares); CannotContinue when rank 0's
+    node is lost (this supervisor lives there: an attached ``up`` can move the master, this one cannot)."""
+    nodes, _, left_out = recompose([n.name for n in plan.nodes], (), lost, min_nodes,
+                                   "spare nodes wait for attached runs only" if plan.spares else "no spare nodes")
+    if plan.master.name in left_out:
+        raise CannotContinue(f"rank 0's node {plan.master.name} is lost ({left_out[plan.master.name]}) and a "
+                             "detached run's supervisor runs there; run attached (without --detach) to go on "
+                             "with another master")
+    return nodes, left_out
+
+
 def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], run_dir: RunDir,
                console: Console) -> int:
     """Every attempt of the run, then its record: the same supervisor and the same restart rule as an attached
-    ``up`` (launch/outcome.py ``next_attempt``), on the same nodes (a lost node ends the run: no spares here)."""
+    ``up`` (launch/outcome.py ``next_attempt``, ``recompose``): on the same nodes, or without a lost node as long
+    as ``--min-nodes`` remain (no spares here: their agents are not this supervisor's)."""
     settings = SupervisorSettings(**spec["settings"])
     max_restarts, base = int(spec.get("max_restarts") or 0), float(spec.get("backoff") or 0.0)
+    min_nodes = int(spec["min_nodes"]) if spec.get("min_nodes") else None
     notifier, stage = Notifier(spec.get("notify") or ()), spec.get("stage") or {}
     started = float(spec.get("started") or time.time())
     asked: list[int] = []  # a stop asked for between attempts (while a supervisor runs, it hears it itself)
@@ -162,12 +178,14 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
     events: tuple[dict[str, Any], ...] = ()
     last: Signature | None = None
     between = None  # the stop that came during a restart's backoff: the run is stopped, its failure kept
+    left_out: dict[str, str] = {}
     while True:
         number = plan.job.attempt
         supervisor = Supervisor(plan, links, run_dir, console, settings, stage=stage, notifier=notifier)
         # The agents stay connected after their job (another attempt may follow): each one's exit is its end here.
         supervisor.signals, supervisor.keep_links = (signal.SIGTERM, STOP_SIGNAL), True
-        attempts.append(Attempt(number, [n.name for n in plan.nodes], started=supervisor.outcome.started))
+        attempts.append(Attempt(number, [n.name for n in plan.nodes], started=supervisor.outcome.started,
+                                left_out=left_out))
         write_record(run_dir, RunRecord(plan.run_id, RunState.running, started=started, detached=True, events=events,
                                         attempts=tuple(a.record() for a in attempts) if max_restarts else ()))
         if number == 0:
@@ -184,18 +202,25 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
         failure = outcome.first_failure
         tail = run_dir.tail(failure.node, failure.rank, 5) if failure and failure.rank is not None else []
         decision = next_attempt(outcome, number, max_restarts, last, tail)
-        lost = untrusted_nodes(outcome) if decision.restart else {}
-        if lost or not decision.restart or asked:
+        nodes, left_out = [n.name for n in plan.nodes], {}
+        if decision.restart and not asked:
+            try:
+                nodes, left_out = _without_lost(plan, untrusted_nodes(outcome), min_nodes)
+            except CannotContinue as exc:
+                outcome.notes.append(f"could not start attempt {number + 1}: {exc}")
+                console.info(outcome.notes[-1])
+                break
+        if not decision.restart or asked:
             outcome.notes += [decision.note] if decision.note else []
-            outcome.notes += [f"not restarted: {', '.join(lost)} lost ({'; '.join(lost.values())}); a detached run "
-                              "restarts on the same nodes only (--min-nodes and spares need an attached run)"] * bool(lost)
             break
         last, wait = decision.signature, backoff(number + 1, base)
         console.info(f"attempt {number} failed ({attempt.cause}); restarting in {wait:g}s (restart {number + 1} of "
-                     f"{max_restarts})")
+                     f"{max_restarts})" + "".join(f"; {n} left out ({why})" for n, why in left_out.items()))
         notifier.send("restart", f"clusterrun: run {plan.run_id} attempt {number} failed ({attempt.cause}); "
                                  "restarting", run_id=plan.run_id, attempt=number + 1)
         run_dir.archive_attempt(number)
+        for name in left_out:
+            links.pop(name).abort()  # that node's agent ends with its connection (and stops what is left there)
         deadline = time.monotonic() + wait
         while not asked and time.monotonic() < deadline:
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))  # a `down` during the backoff ends the run
@@ -203,7 +228,8 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
             outcome.interrupted_by = between = asked[0]
             outcome.notes.append(f"stopped before attempt {number + 1} started")
             break
-        plan, stage = plan.for_attempt(number + 1), _restage(stage, plan, plan.for_attempt(number + 1))
+        following = plan.on_nodes(nodes).for_attempt(number + 1)
+        plan, stage = following, _restage(stage, plan, following)
         run_dir.write_json("plan.json", plan.to_dict())
     outcome.started = started
     record = whole_run(outcome, attempts, events, bool(max_restarts))

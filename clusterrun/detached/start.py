@@ -93,7 +93,8 @@ def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport
     spec = {"plan": plan.to_dict(secrets=True), "record_dir": where, "settings": dataclasses.asdict(settings),
             "stage": {name: [list(item) for item in items] for name, items in stage.items()}, "secret": secret,
             "notify": list(notify), "started": started, "connect_timeout": CONNECT_TIMEOUT,
-            "max_restarts": restarts.max_restarts, "backoff": restarts.backoff, "fold": fold}
+            "max_restarts": restarts.max_restarts, "backoff": restarts.backoff, "min_nodes": restarts.min_nodes,
+            "fold": fold}
     try:
         host.send(bundle.payload() + "\n")
         host.send(protocol.encode_spec(spec) + "\n")

@@ -192,6 +192,39 @@ def signature(outcome: RunOutcome, last_lines: Sequence[str]) -> Signature | Non
                      tuple(sorted(_NUMBERS.sub("#", line.rstrip()) for line in last_lines)))
 
 
+class CannotContinue(Exception):
+    """Too few nodes are left to start the job again."""
+
+
+def recompose(active: Sequence[str], spares: Sequence[str], drop: Mapping[str, str], min_nodes: int | None,
+              no_spares: str = "no spare nodes in the inventory") -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """The next attempt's nodes in rank order, ``{lost: spare}`` and ``{node: why}`` for those left out.
+
+    A spare takes a dropped node's place in the order (so the master moves to a spare when rank 0's node was
+    lost); without a spare the node is left out, as long as ``min_nodes`` remain (None: every node is needed).
+    Raises :class:`CannotContinue` otherwise (``no_spares``: why there was no spare, when ``spares`` is empty).
+    """
+    free = [s for s in spares if s not in active and s not in drop]
+    nodes, replaced, left_out = [], {}, {}
+    for name in active:
+        if name not in drop:
+            nodes.append(name)
+        elif free:
+            replaced[name] = free.pop(0)
+            nodes.append(replaced[name])
+            left_out[name] = drop[name]
+        else:
+            left_out[name] = drop[name]
+    need = len(active) if min_nodes is None else min_nodes
+    if len(nodes) < need:
+        gone = "; ".join(f"{n}: {why}" for n, why in left_out.items())
+        limit = ("every node is needed (--min-nodes lets the job go on with fewer)" if min_nodes is None
+                 else f"--min-nodes is {min_nodes}")
+        raise CannotContinue(f"{len(nodes)} node(s) left after leaving out {gone}; {limit}"
+                             + ("" if spares else f"; {no_spares}"))
+    return nodes, replaced, left_out
+
+
 def untrusted_nodes(outcome: RunOutcome) -> dict[str, str]:
     """Nodes of a failed attempt that should not be trusted with the next one, and why."""
     lost = {name: "its agent stopped answering (node down or unreachable)" for name, node in outcome.nodes.items()

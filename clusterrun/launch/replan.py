@@ -1,6 +1,6 @@
-"""After preflight: complete the plan with what the nodes really have, or stop when they contradict it; after
-a failed attempt: which nodes the next one runs on (a spare in a lost node's place, or one node fewer down to
-``--min-nodes``), and how long to wait before it; how long to wait for GPUs other runs hold (``--wait-gpus``)."""
+"""After preflight: complete the plan with what the nodes really have, or stop when they contradict it; how long
+to wait for GPUs other runs hold (``--wait-gpus``). Which nodes a restart runs on is launch/outcome.py's
+``recompose``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from clusterrun import gpuchoice, remote
 from clusterrun.errors import ClusterrunError, GpusLeased, PlanError, StartError
@@ -220,39 +220,6 @@ def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, Probed
     if unknown or gpu_warnings:
         new = dataclasses.replace(new, warnings=(*new.warnings, *gpu_warnings, *unknown))
     return result.inventory, new
-
-
-class CannotContinue(Exception):
-    """Too few nodes are left to start the job again."""
-
-
-def recompose(active: Sequence[str], spares: Sequence[str], drop: Mapping[str, str],
-              min_nodes: int | None) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """The next attempt's nodes in rank order, ``{lost: spare}`` and ``{node: why}`` for those left out.
-
-    A spare takes a dropped node's place in the order (so the master moves to a spare when rank 0's node was
-    lost); without a spare the node is left out, as long as ``min_nodes`` remain (None: every node is needed).
-    Raises :class:`CannotContinue` otherwise.
-    """
-    free = [s for s in spares if s not in active and s not in drop]
-    nodes, replaced, left_out = [], {}, {}
-    for name in active:
-        if name not in drop:
-            nodes.append(name)
-        elif free:
-            replaced[name] = free.pop(0)
-            nodes.append(replaced[name])
-            left_out[name] = drop[name]
-        else:
-            left_out[name] = drop[name]
-    need = len(active) if min_nodes is None else min_nodes
-    if len(nodes) < need:
-        gone = "; ".join(f"{n}: {why}" for n, why in left_out.items())
-        limit = ("every node is needed (--min-nodes lets the job go on with fewer)" if min_nodes is None
-                 else f"--min-nodes is {min_nodes}")
-        raise CannotContinue(f"{len(nodes)} node(s) left after leaving out {gone}; {limit}"
-                             + ("" if spares else "; no spare nodes in the inventory"))
-    return nodes, replaced, left_out
 
 
 FIRST_DELAY = 2.0

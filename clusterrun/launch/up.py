@@ -16,6 +16,7 @@ from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import (
     Attempt,
+    CannotContinue,
     RankState,
     RunOutcome,
     Signature,
@@ -23,13 +24,14 @@ from clusterrun.launch.outcome import (
     next_attempt,
     notify_end,
     notify_start,
+    recompose,
     untrusted_nodes,
     whole_run,
 )
 from clusterrun.launch.pathcheck import quick_check
 from clusterrun.launch.ready import NodeReady, check_ready, drop, image_lines, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
-from clusterrun.launch.replan import CannotContinue, GpuWait, plan_with_facts, recompose, with_restarts
+from clusterrun.launch.replan import GpuWait, plan_with_facts, with_restarts
 from clusterrun.launch.settings import RestartSettings, SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier

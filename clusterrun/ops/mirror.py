@@ -28,8 +28,9 @@ from clusterrun.transport.base import Transport
 from clusterrun.transport.factory import transport_for
 
 MIRROR_TIMEOUT = 60.0
-#: Record files that stay as this machine has them (the plan: the same; the stop request: the supervisor's).
-KEPT = ("plan.json", "inventory.json", mirror.STOP_REQUEST, "notify-sent.json")
+#: Record files that stay as this machine has them (the stop request: the supervisor's own). The plan is the
+#: supervisor's: a restart without a lost node (``--min-nodes``) runs on fewer nodes than this machine planned.
+KEPT = ("inventory.json", mirror.STOP_REQUEST, "notify-sent.json")
 #: The states a mirror has nothing more to learn in.
 OVER = (RunState.succeeded, RunState.failed, RunState.stopped, RunState.interrupted, RunState.not_started)
 
