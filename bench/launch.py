@@ -27,7 +27,9 @@ torch meanwhile, which on this machine's 2 cores takes longer the more nodes the
 added node (running: per node), start + end + 10 s x running estimates a short run on a real cluster, where a run does not grow
 longer with its node count.
 
-  agents: an 8-node (or smaller) job that sleeps: each node agent's own CPU per second, over 20 s.
+  agents: an 8-node (or smaller) job that sleeps: each node agent's CPU per second (its own and its ended
+          children's), over 20 s, with the node's sampling on (every second, the default) and off
+          (--sample-every 0): the difference is what sampling costs.
   (c) teardown: a 2-node clusterrun job where rank 1 exits 1 after 2 s while rank 0 sleeps: time from that exit
       (a timestamp the worker writes just before sys.exit) to the last process of the run gone.
   (d) orphans: SIGKILL of the orchestrator (clusterrun vs pdsh, `sleep 60` on 2 nodes): processes still alive on
@@ -147,11 +149,12 @@ def threads_of(pid: int) -> int:
     return 0
 
 
-def own_cpu(pid: int) -> float | None:
-    """A live process's own CPU seconds so far (user + system, without its children), from /proc."""
+def own_cpu(pid: int, children: bool = False) -> float | None:
+    """A live process's own CPU seconds so far (user + system), from /proc; ``children``: with those of its
+    children that ended and were waited for (an agent's nvidia-smi rounds)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS
+        return sum(int(f) for f in fields[11:15 if children else 13]) / TICKS
     except (OSError, ValueError, IndexError):
         return None
 
@@ -250,9 +253,9 @@ class Bench:
             self.inventories[n] = write_inventory(self.cluster, self.work / f"inv{n}.yaml", n, nproc=1)
         return self.inventories[n]
 
-    def clusterrun_argv(self, n: int, script: str, runs: Path, *args: str) -> list[str]:
+    def clusterrun_argv(self, n: int, script: str, runs: Path, *args: str, flags: tuple[str, ...] = ()) -> list[str]:
         return [sys.executable, "-m", "clusterrun", "up", "--nproc-per-node", "1", "--runs-dir", str(runs), "-q",
-                str(self.inventory(n)), str(self.work / script), *args]
+                *flags, str(self.inventory(n)), str(self.work / script), *args]
 
     def hosts(self, n: int) -> list[str]:
         return [node.name for node in self.cluster.nodes[:n]]
@@ -382,18 +385,27 @@ class Bench:
         return killed
 
     def agent_cpu(self, n: int, seconds: float = 20.0) -> dict:
-        """The node agents' own CPU while a job sleeps: ``n`` nodes, sampled ``seconds`` apart once every rank
-        runs (each agent process is found on its node by its command line, ``... prepare``)."""
+        """The node agents' CPU while a job sleeps, with the node's sampling on (the default) and off."""
+        on, off = self._agent_cpu(n, seconds), self._agent_cpu(n, seconds, ("--sample-every", "0"))
+        if "error" in on or "error" in off:
+            return on if "error" in on else off
+        return {**on, "sampling_off_ms_per_s_per_agent": off["cpu_ms_per_s_per_agent"],
+                "sampling_ms_per_s_per_agent": on["cpu_ms_per_s_per_agent"] - off["cpu_ms_per_s_per_agent"]}
+
+    def _agent_cpu(self, n: int, seconds: float, flags: tuple[str, ...] = ()) -> dict:
+        """The node agents' CPU (their own and their ended children's) while a job sleeps: ``n`` nodes, sampled
+        ``seconds`` apart once every rank runs (each agent is found on its node by its command line,
+        ``... prepare``)."""
         started, runs = self.fresh(f"agents{n}")
-        p = popen(self.clusterrun_argv(n, "sleeper.py", runs, str(started)), self.work, self.env)
+        p = popen(self.clusterrun_argv(n, "sleeper.py", runs, str(started), flags=flags), self.work, self.env)
         try:
             if wait_lines(started, n, time.perf_counter(), [p], START_TIMEOUT) is None:
                 return {"error": "the job did not start"}
             agents = [pid for node in self.cluster.nodes[:n] for pid, cmd in self.cluster.processes(node)
                       if cmd.rstrip().endswith(" prepare")]
-            before = {pid: own_cpu(pid) for pid in agents}
+            before = {pid: own_cpu(pid, children=True) for pid in agents}
             time.sleep(seconds)
-            after = {pid: own_cpu(pid) for pid in agents}
+            after = {pid: own_cpu(pid, children=True) for pid in agents}
             used = [after[pid] - before[pid] for pid in agents if before[pid] is not None and after[pid] is not None]
             if not used:
                 return {"error": "no agent process found"}
@@ -647,7 +659,9 @@ def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
         ag = result["agents"]
         print()
         print(f"node agents while a {ag.get('nodes')}-node job sleeps: "
-              + (ag["error"] if "error" in ag else f"{ag['cpu_ms_per_s_per_agent']:.1f} ms of CPU per second each"))
+              + (ag["error"] if "error" in ag else f"{ag['cpu_ms_per_s_per_agent']:.2f} ms of CPU per second each "
+                 f"sampling every second, {ag['sampling_off_ms_per_s_per_agent']:.2f} ms without sampling: sampling "
+                 f"costs {ag['sampling_ms_per_s_per_agent']:.2f} ms/s per node"))
     if "teardown" in result:
         td = result["teardown"]
         print()

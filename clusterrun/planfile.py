@@ -166,6 +166,9 @@ class LaunchPlan:
     spares: tuple[str, ...] = field(default=())  # nodes that wait to take a lost node's place
     choose_port: bool = False  # nobody set the master port: the master's ready check chooses a free one
     rank_order: str = "inventory"  # how node ranks were given, in words
+    # Spares checked and waiting with their agents (a detached run's): planned with the nodes, so that one takes
+    # a lost node's place by :meth:`on_nodes` alone. Their node ranks mean nothing until then.
+    standby: tuple[NodePlan, ...] = field(default=())
 
     @property
     def nnodes(self) -> int:
@@ -181,6 +184,10 @@ class LaunchPlan:
 
     def node(self, name: str) -> NodePlan:
         return next(n for n in self.nodes if n.name == name)
+
+    def member(self, name: str) -> NodePlan:
+        """A node of the plan or one standing by."""
+        return next(n for n in (*self.nodes, *self.standby) if n.name == name)
 
     def node_of_rank(self, rank: int) -> NodePlan:
         return next(n for n in self.nodes if rank in n.ranks)
@@ -203,13 +210,15 @@ class LaunchPlan:
             env=tuple(EnvVar(k, v, (n.get("env_sources") or {}).get(k, "")) for k, v in (n.get("env") or {}).items()),
             data_nic=n.get("data_nic"), data_address=n.get("data_address", ""),
             container=ContainerPlan.from_dict(n["container"]) if n.get("container") else None,
-        ) for n in data["nodes"])
+        ) for n in (*data["nodes"], *(data.get("standby") or ())))
+        standby, nodes = nodes[len(data["nodes"]):], nodes[:len(data["nodes"])]
         job = JobSpec(script=data.get("script", ""), run_id=data["run_id"], args=tuple(data.get("args") or ()),
                       attempt=int(data.get("attempt") or 0), restarts=int(data.get("restarts") or 0))
         return cls(run_id=data["run_id"], job=job, master_addr=data["master_addr"], master_port=int(data["master_port"]),
                    data_network=data.get("data_network", ""), nodes=nodes, warnings=tuple(data.get("warnings") or ()),
                    probed=tuple(data.get("probed") or ()), spares=tuple(data.get("spares") or ()),
-                   choose_port=bool(data.get("choose_port")), rank_order=str(data.get("rank_order") or "inventory"))
+                   choose_port=bool(data.get("choose_port")), rank_order=str(data.get("rank_order") or "inventory"),
+                   standby=standby)
 
     def for_attempt(self, attempt: int) -> LaunchPlan:
         """This plan for clusterrun's restart number ``attempt`` on the same nodes, as the planner would make it:
@@ -230,25 +239,27 @@ class LaunchPlan:
                                        argv=tuple(path(a) for a in node.argv), env=env)
 
         return dataclasses.replace(self, job=dataclasses.replace(self.job, attempt=attempt),
-                                   nodes=tuple(moved(n) for n in self.nodes))
+                                   nodes=tuple(moved(n) for n in self.nodes),
+                                   standby=tuple(moved(n) for n in self.standby))
 
-    def on_nodes(self, names: Sequence[str]) -> LaunchPlan:
-        """This plan on ``names``, some of its own nodes in this order (a lost node left out, ``--min-nodes``), as
-        the planner would make it: node ranks, global ranks and torchrun's ``--nnodes``/``--node-rank`` given
-        anew. The master stays where it is, so ``names`` begins with it (a restart without rank 0's node needs
-        a new plan). Both supervisors, attached and detached, recompose a restart's plan with it."""
-        if not names or names[0] != self.master.name or len(set(names)) != len(names):
+    def on_nodes(self, names: Sequence[str], standby: Sequence[str] = ()) -> LaunchPlan:
+        """This plan on ``names``, nodes of its own or standing by, in this order (a lost node left out with
+        ``--min-nodes``, or a spare in its place), as the planner would make it: node ranks, global ranks and
+        torchrun's ``--nnodes``/``--node-rank`` given anew; ``standby``: those that stand by from now on. The
+        master stays where it is, so ``names`` begins with it (a restart without rank 0's node needs a new plan).
+        A detached run's supervisor recomposes a restart's plan with it; a test holds it equal to the planner's."""
+        if not names or names[0] != self.master.name or len({*names, *standby}) != len(names) + len(standby):
             raise ValueError(f"a plan's nodes must begin with its master {self.master.name}, once each: {list(names)}")
         nodes, offset = [], 0
         for rank, name in enumerate(names):
-            node = self.node(name)
+            node = self.member(name)
             argv = list(node.argv)
             for flag, value in (("--nnodes", len(names)), ("--node-rank", rank)):
                 at = argv.index(flag)  # the planner's own, before the script and its arguments
                 argv[at + 1] = str(value)
             nodes.append(dataclasses.replace(node, node_rank=rank, rank_offset=offset, argv=tuple(argv)))
             offset += node.nproc_per_node
-        return dataclasses.replace(self, nodes=tuple(nodes))
+        return dataclasses.replace(self, nodes=tuple(nodes), standby=tuple(self.member(name) for name in standby))
 
     def to_dict(self, *, secrets: bool = False) -> dict[str, Any]:
         """The plan as plan.json holds it (``secrets``: see :meth:`NodePlan.to_dict`)."""
@@ -270,4 +281,6 @@ class LaunchPlan:
             "rank_order": self.rank_order,
             "facts_pending": list(self.facts_pending),
             "nodes": [n.to_dict(self.master_addr, self.master_port, secrets=secrets) for n in self.nodes],
+            **({"standby": [n.to_dict(self.master_addr, self.master_port, secrets=secrets) for n in self.standby]}
+               if self.standby else {}),
         }

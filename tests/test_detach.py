@@ -388,3 +388,39 @@ def test_a_lost_worker_is_left_out_by_the_supervisor_with_min_nodes(sim_cluster:
     assert plan["nnodes"] == 3 and [n["node_rank"] for n in plan["nodes"]] == [0, 1, 2]
     # node3's agent stopped its job when the supervisor went silent (the partition): nothing anywhere now
     assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}
+
+
+def test_a_spare_checked_at_the_start_takes_a_lost_workers_place(sim_cluster: SimCluster, tmp_path: Path) -> None:
+    # node3 is a spare: checked with the nodes at the start, its agent waits on the supervisor (pinged), and takes
+    # node2's place when node2 falls off the networks; the job goes on with 3 nodes again.
+    from test_restarts import JOB
+
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 4, nproc=1)
+    inv.write_text(inv.read_text().replace("    host: node3\n", "    host: node3\n    spare: true\n"))
+    (tmp_path / "job.py").write_text(JOB)
+    run_id = detach(inv, tmp_path, "job.py", "--max-restarts", "2", "--restart-backoff", "0.5", args=("partition",))
+    plan = json.loads((tmp_path / "runs" / run_id / "plan.json").read_text())
+    assert [n["name"] for n in plan["nodes"]] == ["node0", "node1", "node2"] and plan["world_size"] == 3
+    assert [n["name"] for n in plan["standby"]] == ["node3"] and plan["spares"] == ["node3"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if "step 20" in run_clusterrun("logs", run_id, "--node", "node0", cwd=tmp_path).stdout:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"no step 20 within 120s: {status(run_id, tmp_path)}")
+    assert not [c for _p, c in sim_cluster.job_processes(run_id).get("node3", []) if c.endswith(".py")]
+    sim_cluster.partition(2)
+    try:
+        done = run_clusterrun("logs", run_id, "-f", cwd=tmp_path, timeout=300)
+    finally:
+        sim_cluster.heal(2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = status(run_id, tmp_path)
+    assert record["state"] == "succeeded", record
+    second = record["attempts"][1]
+    assert second["nodes"] == ["node0", "node1", "node3"] and second["replaced"] == {"node2": "node3"}, second
+    shown = sorted(line.split("] ", 1)[1] for line in done.stdout.splitlines() if "attempt 1 rank" in line)
+    assert shown == [f"attempt 1 rank {r} world 3 torchelastic 1" for r in range(3)]
+    assert "spare node3 takes its place" in (tmp_path / "runs" / run_id / "console.log").read_text()
+    assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}

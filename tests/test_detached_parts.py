@@ -228,3 +228,38 @@ def test_a_plan_without_a_lost_node_on_the_serialized_plan_is_the_planners(inven
         assert got.to_dict(secrets=True) | {"warnings": []} == want.to_dict(secrets=True) | {"warnings": []}
     with pytest.raises(ValueError, match=f"begin with its master {order[0]}"):
         given.on_nodes(order[1:])
+
+
+def test_a_spare_planned_beside_the_nodes_takes_a_lost_nodes_place_as_the_planner_would() -> None:
+    # A detached run's spares are planned after its nodes and split off (standby); a spare joining by on_nodes
+    # alone is the planner's plan for the inventory with the spare in the lost node's place.
+    import dataclasses
+
+    from clusterrun.inventory.yaml_source import load_inventory
+    from clusterrun.plan import JobSpec, build_plan
+    from clusterrun.planfile import LaunchPlan
+
+    inv = load_inventory(Path(__file__).parent.parent / "inventories" / "four-node-infiniband.yaml")
+    names = [n.name for n in inv.nodes]
+    *nodes, spare = names
+    job = JobSpec(script="train.py", run_id="20261127-101500-abcd", restarts=2)
+
+    def planned(order: list[str], attempt: int = 0) -> LaunchPlan:
+        by_name = {n.name: n for n in inv.nodes}
+        return build_plan(inv.model_copy(update={"nodes": [by_name[n] for n in order]}),
+                          dataclasses.replace(job, attempt=attempt))
+
+    wide = planned([*nodes, spare])
+    split = wide.on_nodes(nodes, [spare])
+    assert split.to_dict(secrets=True) | {"warnings": []} == planned(nodes).to_dict(secrets=True) | {"warnings": []} | {
+        "standby": [wide.node(spare).to_dict(wide.master_addr, wide.master_port, secrets=True)]}
+    given = LaunchPlan.from_dict(split.to_dict(secrets=True))
+    assert given.to_dict(secrets=True) == split.to_dict(secrets=True) and [n.name for n in given.standby] == [spare]
+    lost = nodes[1]
+    joined = [spare if n == lost else n for n in nodes]
+    got = given.for_attempt(1).on_nodes(joined)
+    want = planned(joined, attempt=1)
+    assert got.to_dict(secrets=True) | {"warnings": []} == want.to_dict(secrets=True) | {"warnings": []}
+    assert got.standby == ()
+    with pytest.raises(ValueError):
+        given.on_nodes(nodes, [nodes[1]])  # a node cannot both run and stand by

@@ -182,10 +182,6 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         import dataclasses
 
         settings = dataclasses.replace(settings, wait_gpus=wait_gpus)
-    if detach and restarts.max_restarts and plan.spares:
-        console.info(f"spare node(s) {', '.join(plan.spares)} wait for attached runs only: a detached run's "
-                     "supervisor cannot start an agent on them (a lost node is left out as long as --min-nodes "
-                     "remain)")
     from clusterrun.cli.report_cmd import leave_page
 
     try:

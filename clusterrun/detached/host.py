@@ -27,15 +27,19 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from clusterrun.detached.links import Listener
+from clusterrun.errors import StartError
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import (
     Attempt,
     CannotContinue,
+    Failure,
     Signature,
     backoff,
     next_attempt,
@@ -70,6 +74,9 @@ def marker_node(node: str) -> str:
 NOTIFY_PENDING = "notify-pending.json"
 #: Seconds the end of the run waits for its last documents to go out (no terminal waits on this one).
 NOTIFY_WAIT = 10.0
+
+#: Seconds between the pings that keep the spares' agents waiting and tell whether they are still there.
+PING_EVERY = 20.0
 
 #: Seconds the agents get to connect after ``listening``.
 CONNECT_TIMEOUT = 60.0
@@ -118,7 +125,7 @@ def serve(spec: dict[str, Any]) -> int:
     run_dir.path.mkdir(parents=True, exist_ok=True, mode=0o700)
     run_dir.write_json("plan.json", plan.to_dict())  # as here, with secrets redacted
     (run_dir.path / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
-    listener = Listener(plan.run_id, spec["secret"], [n.name for n in plan.nodes])
+    listener = Listener(plan.run_id, spec["secret"], [n.name for n in (*plan.nodes, *plan.standby)])
     _say({"ev": LISTENING, "port": listener.port, "pid": os.getpid()})
     links, missing = listener.links(time.monotonic() + float(spec.get("connect_timeout") or CONNECT_TIMEOUT))
     listener.close()
@@ -143,29 +150,67 @@ def _restage(stage: dict[str, list[list[str]]], before: LaunchPlan, after: Launc
     """The staged files' destinations in the next attempt's directories (the node's cache holds the files)."""
     out = {}
     for node in after.nodes:
-        old, new = before.node(node.name).run_dir, node.run_dir
+        old, new = before.member(node.name).run_dir, node.run_dir
         out[node.name] = [[src, new + dest[len(old):] if dest.startswith(old + "/") else dest, *rest]
                           for src, dest, *rest in stage.get(node.name, [])]
     return out
 
 
-def _without_lost(plan: LaunchPlan, lost: dict[str, str], min_nodes: int | None) -> tuple[list[str], dict[str, str]]:
-    """The next attempt's nodes and those left out (``recompose`` without spares); CannotContinue when rank 0's
-    node is lost (this supervisor lives there: an attached ``up`` can move the master, this one cannot)."""
-    nodes, _, left_out = recompose([n.name for n in plan.nodes], (), lost, min_nodes,
-                                   "spare nodes wait for attached runs only" if plan.spares else "no spare nodes")
+class Standby:
+    """The spares' agents, checked at the start and waiting for a lost node's place: pinged every
+    :data:`PING_EVERY` seconds from a thread of their own (an agent that hears nothing for its idle time ends);
+    one that has not answered for three pings is not counted on."""
+
+    def __init__(self, plan: LaunchPlan, links: dict[str, Any]) -> None:
+        self.names, self.links = [n.name for n in plan.standby], links
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        if self.names:
+            threading.Thread(target=self._ping, daemon=True, name="standby").start()
+
+    def _ping(self) -> None:
+        while not self.stopped.wait(PING_EVERY):
+            with self.lock:
+                for name in self.names:
+                    self.links[name].send(protocol.PING)
+
+    def ready(self) -> list[str]:
+        """The spares that answered lately, in the inventory's order."""
+        with self.lock:
+            return [n for n in self.names if time.monotonic() - self.links[n].heard < 3 * PING_EVERY + 5]
+
+    def waiting(self) -> list[str]:
+        """Every spare still standing by (answering or not)."""
+        with self.lock:
+            return list(self.names)
+
+    def take(self, names: Collection[str]) -> None:
+        """These join the job: no longer pinged here (the attempt's supervisor talks to them)."""
+        with self.lock:
+            self.names = [n for n in self.names if n not in names]
+
+    def close(self) -> None:
+        self.stopped.set()
+
+
+def _recomposed(plan: LaunchPlan, lost: dict[str, str], spares: list[str], min_nodes: int | None
+                ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """The next attempt's nodes, ``{lost: spare}`` and those left out (``recompose``, as an attached ``up``);
+    CannotContinue when rank 0's node is lost (this supervisor lives there: an attached ``up`` can move the
+    master, this one cannot)."""
+    nodes, replaced, left_out = recompose([n.name for n in plan.nodes], spares, lost, min_nodes,
+                                          "none stands by" if plan.spares else "no spare nodes in the inventory")
     if plan.master.name in left_out:
         raise CannotContinue(f"rank 0's node {plan.master.name} is lost ({left_out[plan.master.name]}) and a "
                              "detached run's supervisor runs there; run attached (without --detach) to go on "
                              "with another master")
-    return nodes, left_out
+    return nodes, replaced, left_out
 
 
 def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], run_dir: RunDir,
                console: Console) -> int:
     """Every attempt of the run, then its record: the same supervisor and the same restart rule as an attached
-    ``up`` (launch/outcome.py ``next_attempt``, ``recompose``): on the same nodes, or without a lost node as long
-    as ``--min-nodes`` remain (no spares here: their agents are not this supervisor's)."""
+    ``up`` (launch/outcome.py ``next_attempt``, ``recompose``): on the same nodes, with a spare standing by in a
+    lost node's place, or without it as long as ``--min-nodes`` remain."""
     settings = SupervisorSettings(**spec["settings"])
     max_restarts, base = int(spec.get("max_restarts") or 0), float(spec.get("backoff") or 0.0)
     min_nodes = int(spec["min_nodes"]) if spec.get("min_nodes") else None
@@ -179,13 +224,15 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
     last: Signature | None = None
     between = None  # the stop that came during a restart's backoff: the run is stopped, its failure kept
     left_out: dict[str, str] = {}
+    replaced: dict[str, str] = {}
+    standby = Standby(plan, links)
     while True:
         number = plan.job.attempt
         supervisor = Supervisor(plan, links, run_dir, console, settings, stage=stage, notifier=notifier)
         # The agents stay connected after their job (another attempt may follow): each one's exit is its end here.
         supervisor.signals, supervisor.keep_links = (signal.SIGTERM, STOP_SIGNAL), True
         attempts.append(Attempt(number, [n.name for n in plan.nodes], started=supervisor.outcome.started,
-                                left_out=left_out))
+                                left_out=left_out, replaced=replaced))
         write_record(run_dir, RunRecord(plan.run_id, RunState.running, started=started, detached=True, events=events,
                                         attempts=tuple(a.record() for a in attempts) if max_restarts else ()))
         if number == 0:
@@ -195,17 +242,24 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
                 notify_start(notifier, first, str(run_dir.path))
 
             supervisor.after_start = going
-        outcome = supervisor.run()
+        try:
+            outcome = supervisor.run()
+        except StartError as exc:  # an agent gone between attempts: every link was dropped, no attempt follows
+            outcome = supervisor.outcome
+            outcome.ended = time.time()
+            node, why = next(iter(exc.problems.items()))
+            outcome.first_failure = Failure(node, None, 1, None, f"attempt {number} could not start there: {why}")
+            console.info(f"{node}: attempt {number} could not start: {why}")
         attempt = attempts[-1]
         attempt.ended_with(outcome)
         events += tag_events(outcome.events, number) if max_restarts else tuple(outcome.events)
         failure = outcome.first_failure
         tail = run_dir.tail(failure.node, failure.rank, 5) if failure and failure.rank is not None else []
         decision = next_attempt(outcome, number, max_restarts, last, tail)
-        nodes, left_out = [n.name for n in plan.nodes], {}
+        nodes, replaced, left_out = [n.name for n in plan.nodes], {}, {}
         if decision.restart and not asked:
             try:
-                nodes, left_out = _without_lost(plan, untrusted_nodes(outcome), min_nodes)
+                nodes, replaced, left_out = _recomposed(plan, untrusted_nodes(outcome), standby.ready(), min_nodes)
             except CannotContinue as exc:
                 outcome.notes.append(f"could not start attempt {number + 1}: {exc}")
                 console.info(outcome.notes[-1])
@@ -215,7 +269,9 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
             break
         last, wait = decision.signature, backoff(number + 1, base)
         console.info(f"attempt {number} failed ({attempt.cause}); restarting in {wait:g}s (restart {number + 1} of "
-                     f"{max_restarts})" + "".join(f"; {n} left out ({why})" for n, why in left_out.items()))
+                     f"{max_restarts})" + "".join(f"; {n} left out ({why})" + (f", spare {replaced[n]} takes its place"
+                                                                                if n in replaced else "")
+                                                  for n, why in left_out.items()))
         notifier.send("restart", f"clusterrun: run {plan.run_id} attempt {number} failed ({attempt.cause}); "
                                  "restarting", run_id=plan.run_id, attempt=number + 1)
         run_dir.archive_attempt(number)
@@ -228,9 +284,11 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
             outcome.interrupted_by = between = asked[0]
             outcome.notes.append(f"stopped before attempt {number + 1} started")
             break
-        following = plan.on_nodes(nodes).for_attempt(number + 1)
+        standby.take(nodes)
+        following = plan.on_nodes(nodes, standby.waiting()).for_attempt(number + 1)
         plan, stage = following, _restage(stage, plan, following)
         run_dir.write_json("plan.json", plan.to_dict())
+    standby.close()
     outcome.started = started
     record = whole_run(outcome, attempts, events, bool(max_restarts))
     # The documents first: what could not go out is in the record's directory before the record says the run

@@ -123,15 +123,16 @@ def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport
 
 
 def _relay(plan: LaunchPlan, links: Mapping[str, AgentLink], address: str, port: int, secret: str) -> dict[str, str]:
-    """Tell every agent to move to the supervisor, all at once; the nodes that could not, and why."""
+    """Tell every agent (spares standing by too) to move to the supervisor, all at once; the nodes that could
+    not, and why."""
     problems: dict[str, str] = {}
-    for node in plan.nodes:
+    for node in (*plan.nodes, *plan.standby):
         words = {"address": address, "port": port, "secret": secret, "run_id": plan.run_id, "node": node.name,
                  "timeout": relay.HANDSHAKE_TIMEOUT}
         if not links[node.name].send(f"{relay.RELAY} {json.dumps(words)}"):
             problems[node.name] = "the node agent's connection closed"
     deadline = time.monotonic() + relay.HANDSHAKE_TIMEOUT + 20
-    for node in plan.nodes:
+    for node in (*plan.nodes, *plan.standby):
         if node.name in problems:
             continue
         try:

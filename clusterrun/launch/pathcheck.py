@@ -8,6 +8,8 @@ that cannot reach the master (or that rank 0 cannot reach) is named with its NIC
 and nothing is started: the alternative is an NCCL or Gloo hang minutes later. When paths are dead, the
 workers also ping each other, and the watch's rule (:func:`clusterrun.launch.watch.at_fault`) names one suspect
 where the evidence points at one: the master's NIC once when no worker reaches it, not each worker's.
+:func:`check_paths` runs it for ``up`` (or first doctor's network checks, ``--preflight full``) and keeps what it
+found in the run's preflight.json.
 """
 
 from __future__ import annotations
@@ -15,14 +17,19 @@ from __future__ import annotations
 import ipaddress
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from clusterrun.agents.link import AgentLink
-from clusterrun.errors import ClusterrunError
+from clusterrun.errors import ClusterrunError, StartError, UsageError
+from clusterrun.inventory.models import Inventory
+from clusterrun.launch.console import Console
 from clusterrun.launch.watch import Link, at_fault
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.remote import session
+from clusterrun.runs import RunDir
+from clusterrun.transport.base import Transport
 
 CONNECT_TIMEOUT = 3.0
 
@@ -203,3 +210,41 @@ def _name_suspect(plan: LaunchPlan, lost: list[Link], working: list[Link], repor
     report.suspect = master.name
     report.problems[master.name] = (f"its data NIC {_where(master)} is the suspect: {'; '.join(evidence)}; check "
                                     "that NIC, its cable, switch port and VLAN, or run `clusterrun doctor`")
+
+
+PATH_HINT = ("no node was started; `clusterrun doctor <inventory> --checks net` shows more; `--preflight off` skips "
+             "this check (if ICMP is blocked on purpose, for example)")
+
+
+#: ``--preflight full``: the network checks of ``clusterrun doctor`` (:func:`clusterrun.doctor.gate.full_check`),
+#: given by the caller: (inventory, transports, report directory) -> (failures, report directory).
+FullCheck = Callable[[Inventory, Mapping[str, Transport], Path], tuple[list[str], Path]]
+
+
+def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transport], links: Mapping[str, AgentLink],
+                run_dir: RunDir, console: Console, mode: str, full_check: FullCheck | None = None) -> None:
+    """The connectivity check before the start (``--preflight``), by the nodes' waiting agents (``links``); its
+    result goes to preflight.json."""
+    record: dict[str, object] = {"mode": mode}
+    try:
+        if mode == "off" or plan.nnodes < 2:
+            record["skipped"] = "--preflight off" if mode == "off" else "single node"
+            return
+        if mode == "full":
+            if full_check is None:
+                raise UsageError("--preflight full needs doctor's network checks, which this caller did not give")
+            console.info("running doctor's network checks (--preflight full)...")
+            failures, where = full_check(inv, transports, run_dir.path / "doctor")
+            record["doctor"] = {"report": str(where), "failures": failures}
+            if failures:
+                raise StartError({f"doctor {i + 1}": f for i, f in enumerate(failures)},
+                                 hint=f"report in {where}/; {PATH_HINT}")
+        report = quick_check(plan, links)
+        record.update(report.to_dict())
+        for note in report.notes:
+            console.info(note)
+        if report.problems:
+            raise StartError(report.problems, hint=PATH_HINT)
+        console.info(f"network paths to {plan.master.name} ok ({report.seconds:.1f}s)")
+    finally:
+        run_dir.write_json("preflight.json", record)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from clusterrun import redact
 from clusterrun.agents.link import AgentLink
-from clusterrun.errors import ClusterrunError, GpusLeased, StartError, UsageError
+from clusterrun.errors import ClusterrunError, GpusLeased, StartError
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
@@ -28,14 +28,14 @@ from clusterrun.launch.outcome import (
     untrusted_nodes,
     whole_run,
 )
-from clusterrun.launch.pathcheck import quick_check
+from clusterrun.launch.pathcheck import FullCheck, check_paths
 from clusterrun.launch.ready import NodeReady, check_ready, drop, image_lines, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
 from clusterrun.launch.replan import GpuWait, plan_with_facts, with_restarts
 from clusterrun.launch.settings import RestartSettings, SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier
-from clusterrun.plan import LaunchPlan, build_plan
+from clusterrun.plan import JobSpec, LaunchPlan, build_plan
 from clusterrun.runs import NodeRecord, RunDir, RunRecord, RunState, new_run_id, read_record, write_record
 from clusterrun.runs.record import AttemptRecord, tag_events
 from clusterrun.runs.timeline import Timeline, slow_phases
@@ -44,13 +44,6 @@ from clusterrun.transport.early import EarlyConnections
 from clusterrun.transport.factory import transport_for
 
 PREFLIGHT_MODES = ("quick", "full", "off")
-PATH_HINT = ("no node was started; `clusterrun doctor <inventory> --checks net` shows more; `--preflight off` skips "
-             "this check (if ICMP is blocked on purpose, for example)")
-
-
-#: ``--preflight full``: the network checks of ``clusterrun doctor`` (:func:`clusterrun.doctor.gate.full_check`),
-#: given by the caller: (inventory, transports, report directory) -> (failures, report directory).
-FullCheck = Callable[[Inventory, Mapping[str, Transport], Path], tuple[list[str], Path]]
 
 
 def _new_run_dir(runs_dir: str | Path, inv: Inventory, plan: LaunchPlan) -> tuple[RunDir, LaunchPlan]:
@@ -63,35 +56,6 @@ def _new_run_dir(runs_dir: str | Path, inv: Inventory, plan: LaunchPlan) -> tupl
             plan = build_plan(inv, dataclasses.replace(plan.job, run_id=new_run_id()))
     raise ClusterrunError(f"cannot find a free run id in {runs_dir} (8 tries); is something creating run "
                           "directories there?")
-
-
-def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transport], links: Mapping[str, AgentLink],
-                run_dir: RunDir, console: Console, mode: str, full_check: FullCheck | None = None) -> None:
-    """The connectivity check before the start (``--preflight``), by the nodes' waiting agents (``links``); its
-    result goes to preflight.json."""
-    record: dict[str, object] = {"mode": mode}
-    try:
-        if mode == "off" or plan.nnodes < 2:
-            record["skipped"] = "--preflight off" if mode == "off" else "single node"
-            return
-        if mode == "full":
-            if full_check is None:
-                raise UsageError("--preflight full needs doctor's network checks, which this caller did not give")
-            console.info("running doctor's network checks (--preflight full)...")
-            failures, where = full_check(inv, transports, run_dir.path / "doctor")
-            record["doctor"] = {"report": str(where), "failures": failures}
-            if failures:
-                raise StartError({f"doctor {i + 1}": f for i, f in enumerate(failures)},
-                                 hint=f"report in {where}/; {PATH_HINT}")
-        report = quick_check(plan, links)
-        record.update(report.to_dict())
-        for note in report.notes:
-            console.info(note)
-        if report.problems:
-            raise StartError(report.problems, hint=PATH_HINT)
-        console.info(f"network paths to {plan.master.name} ok ({report.seconds:.1f}s)")
-    finally:
-        run_dir.write_json("preflight.json", record)
 
 
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
@@ -163,7 +127,10 @@ class _Run:
 
     def first(self, plan: LaunchPlan, detach: bool) -> tuple[RunOutcome | None, RunDir]:
         try:
-            plan, ready, attempt = self._prepare(plan, Attempt(0, [n.name for n in plan.nodes]))
+            nodes = [n.name for n in plan.nodes]
+            if detach and self.restarts.max_restarts and self.spares:  # checked now, to stand by on the cluster
+                plan = self._planned(nodes, self.spares, plan.job)
+            plan, ready, attempt = self._prepare(plan, Attempt(0, nodes))
             if detach:
                 self._detach(plan, ready)
                 return None, self.run_dir
@@ -222,6 +189,13 @@ class _Run:
                 ready = check_ready(plan, self.transports, self.timeline, early,
                                     lambda node, what: self.console.info(f"{node}: {what}"))
             except StartError as exc:
+                standby = [n.name for n in plan.nodes if n.name not in attempt.nodes]
+                gone = {n: why for n, why in exc.problems.items() if n in standby}
+                for name, why in gone.items():
+                    self.console.info(f"spare {name} failed its checks ({why}): it does not stand by for this run")
+                if gone:
+                    plan = self._planned(attempt.nodes, [n for n in standby if n not in gone], plan.job)
+                    continue
                 failed = {n: why for n, why in exc.problems.items() if n in attempt.nodes}
                 if not failed or len(failed) < len(exc.problems) or not (self.restarts.may_drop or self.spares):
                     raise
@@ -229,7 +203,7 @@ class _Run:
                 drops += 1
                 continue
             try:
-                inv, plan = plan_with_facts(self._inventory(attempt.nodes), plan, ready)
+                inv, plan = plan_with_facts(self._inventory([n.name for n in plan.nodes]), plan, ready)
                 self.run_dir.write_json("plan.json", plan.to_dict())
                 for line in plan.probed:
                     self.console.info(f"from the node: {line}")
@@ -252,6 +226,15 @@ class _Run:
             copied = sum(len(r.copied) for r in ready.values())
             if copied:
                 self.console.info(f"copied {copied} file(s) to the nodes")
+            standby = [n.name for n in plan.nodes if n.name not in attempt.nodes]
+            if standby:  # checked with the nodes; the job runs on the nodes, the spares wait
+                if plan.master.name in standby:
+                    drop(ready)
+                    raise StartError({plan.master.name: "a spare node would be the run's master"},
+                                     hint="give the nodes' ranks so that a node, not a spare, is rank 0")
+                plan = dataclasses.replace(plan.on_nodes([n.name for n in plan.nodes if n.name not in standby],
+                                                         standby), spares=tuple(self.spares))
+                self.run_dir.write_json("plan.json", plan.to_dict())
             return plan, ready, attempt
         raise StartError({"nodes": "every node failed the checks"}, hint="no node was started")
 
@@ -352,6 +335,17 @@ class _Run:
         return plan, self._run(plan, ready, next_attempt)
 
     # ------------------------------------------------------------ helpers
+
+    def _planned(self, nodes: Sequence[str], standby: Sequence[str], job: JobSpec) -> LaunchPlan:
+        """The plan of ``nodes`` with ``standby`` planned beside them (after them in rank order), checked with them
+        and split off by :meth:`LaunchPlan.on_nodes` once checked; without them where they would move the master."""
+        plan = build_plan(self._inventory([*nodes, *standby]), job)
+        if standby and (plan.master.name != nodes[0] or
+                        [n.name for n in plan.nodes if n.name in nodes] != list(nodes)):
+            self.console.info(f"spare node(s) {', '.join(standby)} do not stand by: the rank order would change the "
+                              "run's master or node order with them")
+            return build_plan(self._inventory(nodes), job)
+        return plan
 
     def _inventory(self, names: Sequence[str]) -> Inventory:
         """The inventory with the given nodes, in this order (spares become ordinary nodes)."""
