@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -167,6 +168,42 @@ def cpu_at(samples: list[tuple[float, float]], when: float | None) -> float | No
     return before[-1] if before else None
 
 
+def sshd_peers(listeners: list[int]) -> set[tuple[int, str]]:
+    """The connections to port 22 the nodes' sshd listeners see (their namespaces' /proc/<pid>/net/tcp*):
+    (listener, remote end), SYN received or established."""
+    out = set()
+    for pid in listeners:
+        for table in ("tcp", "tcp6"):
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                    fields = line.split()
+                    if fields[1].endswith(":0016") and fields[3] in ("01", "03"):
+                        out.add((pid, fields[2]))
+    return out
+
+
+class Arrival(threading.Thread):
+    """When the first new connection reaches any node's sshd (seconds from ``t0``, polled every 2 ms): the
+    command's first connect seen from outside it, as the node sees it."""
+
+    def __init__(self, listeners: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.listeners, self.before = listeners, sshd_peers(listeners)
+        self.t0, self.seen_s, self.stop = 0.0, None, threading.Event()
+
+    def begin(self) -> None:
+        self.t0 = time.perf_counter()
+        self.start()
+
+    def run(self) -> None:
+        deadline = self.t0 + 30
+        while not self.stop.is_set() and time.perf_counter() < deadline:
+            if sshd_peers(self.listeners) - self.before:
+                self.seen_s = time.perf_counter() - self.t0
+                return
+            time.sleep(0.002)
+
+
 def watch(p: subprocess.Popen, started: Path | None, n: int, t0: float, timeout: float = RUN_TIMEOUT) -> dict:
     """Follow ``p`` to its end: when ``started`` reached ``n`` lines, its most threads, its own CPU over time
     (sampled with the threads, every 20 ms), then its own CPU and peak RSS from wait4 (ended after ``timeout``
@@ -265,11 +302,18 @@ class Bench:
 
     # ------------------------------------------------------------------------------ launch latency
 
+    def listeners(self, n: int) -> list[int]:
+        return [pid for node in self.cluster.nodes[:n] if (pid := self.cluster._listener_pid(node))]
+
     def run_clusterrun(self, n: int) -> dict:
         started, runs = self.fresh(f"cr{n}")
+        arrival = Arrival(self.listeners(n))
         t0, t0_wall = time.perf_counter(), time.time()
+        arrival.begin()
         p = popen(self.clusterrun_argv(n, "report.py", runs, str(started)), self.work, self.env)
         got = watch(p, started, n, t0)
+        arrival.stop.set()
+        got["ssh_seen_s"] = arrival.seen_s
         # When every node agent had started its torchrun (nodes share this machine's clock).
         with contextlib.suppress(OSError, ValueError, StopIteration, TypeError, KeyError):
             status = json.loads(next(d for d in runs.iterdir() if d.is_dir()).joinpath("status.json").read_text())
@@ -300,10 +344,14 @@ class Bench:
                                str(29800 + self.counter % 100)])
         command = (f'r=$(hostname); r=${{r#node}}; printf "%s\\n" "$(date +%s.%N)" >> {stamps}; '
                    f"exec {torchrun} --node-rank $r {self.work / 'report.py'} {started}")
+        arrival = Arrival(self.listeners(n))
         t0, t0_wall = time.perf_counter(), time.time()
+        arrival.begin()
         p = popen(["pdsh", "-R", "ssh", "-f", "1024", "-w", ",".join(self.hosts(n)), command], self.work,
                   self.pdsh_env())
         got = watch(p, started, n, t0)
+        arrival.stop.set()
+        got["ssh_seen_s"] = arrival.seen_s
         got.pop("cpu_samples")
         with contextlib.suppress(OSError, ValueError):
             times = [float(line) for line in stamps.read_text().split()]
@@ -592,9 +640,11 @@ def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
     print("connecting (Python's start, imports, the inventory), then when the last node ended each phase;")
     print("[median, slowest node] of each phase's own duration. torchrun ends when each node's ranks had all started;")
     print("first_line when clusterrun had every node's first rank line. `ranks` is when every rank had run its first")
-    print("line (the bench's file), for clusterrun and pdsh.")
-    print(f"{'N':>4} | {'connect at':>10} | " + " | ".join(f"{p:>17}" for p in PHASES) + f" | {'ranks':>6} | {'pdsh':>6}")
-    print("-" * (24 + 20 * len(PHASES) + 18))
+    print("line (the bench's file), for clusterrun and pdsh. `at node` is when the first connection reached a node's")
+    print("sshd, seen from outside the command (its listener's /proc/<pid>/net/tcp, every 2 ms), for both.")
+    print(f"{'N':>4} | {'connect at':>10} | {'at node':>7} | {'pdsh':>5} | " + " | ".join(f"{p:>17}" for p in PHASES)
+          + f" | {'ranks':>6} | {'pdsh':>6}")
+    print("-" * (42 + 20 * len(PHASES) + 18))
     for n in counts:
         cr = result["launch"][n]["clusterrun"]
         timelines = [r["timeline"] for r in cr if r.get("timeline")]
@@ -609,7 +659,10 @@ def report(result: dict, counts: list[int], exec_only: list[int]) -> None:
                  for p in PHASES]
         summary[n]["timeline"] = {p: {k: tl(p, k) for k in ("first_start_s", "last_end_s", "median_s", "max_s")}
                                   for p in PHASES}
-        print(f"{n:>4} | {fmt(tl('connect', 'first_start_s')):>10} | " + " | ".join(f"{c:>17}" for c in cells)
+        summary[n]["ssh_seen_s"] = m(cr, "ssh_seen_s")
+        summary[n]["pdsh_ssh_seen_s"] = m(result["launch"][n]["pdsh"], "ssh_seen_s")
+        print(f"{n:>4} | {fmt(tl('connect', 'first_start_s')):>10} | {fmt(summary[n]['ssh_seen_s']):>7} | "
+              f"{fmt(summary[n]['pdsh_ssh_seen_s']):>5} | " + " | ".join(f"{c:>17}" for c in cells)
               + f" | {fmt(summary[n]['ranks_s']):>6} | {fmt(summary[n]['pdsh_ranks_s']):>6}")
     print()
     print("clusterrun's own CPU, split: start (until torchrun ran on every node), running (per second, from then until")

@@ -81,6 +81,9 @@ class Transport(abc.ABC):
 
     node: str
     is_local: bool = False
+    #: When the connection's TCP dial began (epoch seconds), where it was dialled before the transport was made
+    #: (:mod:`clusterrun.transport.dial`); None otherwise.
+    dialled: float | None = None
 
     def connect(self) -> None:  # noqa: B027 - optional hook
         """Open the connection now (otherwise the first command opens it). Raises TransportError."""

@@ -33,6 +33,7 @@ from typing import Any
 
 from clusterrun.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError, UsageError
 from clusterrun.inventory.models import SshSettings
+from clusterrun.transport import dial
 from clusterrun.transport.base import DEFAULT_COMMAND_TIMEOUT, CommandResult, Stream, Transport, shell_command
 from clusterrun.transport.known_hosts import HostKeyCheck, KnownHosts, prefer_key_types
 from clusterrun.transport.paramiko_lib import paramiko
@@ -165,8 +166,10 @@ class SshTransport(Transport):
 
     # ------------------------------------------------------------ connection
 
-    def _new_client(self, target: SshTarget, sock: Any = None, proxy: ProxyCommand | None = None
-                    ) -> paramiko.SSHClient:
+    def _new_client(self, target: SshTarget, sock: Any = None, proxy: ProxyCommand | None = None,
+                    dialled: bool = False) -> paramiko.SSHClient:
+        """A client connected to ``target`` over ``sock`` (a ProxyCommand's, a jump's channel) or its own TCP
+        connection; ``dialled``: the one dialled at the start (:mod:`clusterrun.transport.dial`), when there is."""
         # Read on every connect (a malformed line only warns); paramiko's own host key list stays empty so
         # that every key reaches HostKeyCheck, which knows the file and line of what it compares with.
         known = KnownHosts.load(target.known_hosts + target.global_known_hosts)
@@ -176,6 +179,9 @@ class SshTransport(Transport):
         client = paramiko.SSHClient()
         client.set_missing_host_key_policy(HostKeyCheck(self.node, target, known))
         try:
+            early = dial.take(target.hostname, target.port, target.connect_timeout) if dialled else None
+            if early is not None:
+                sock, self.dialled = early
             client.connect(
                 target.hostname, port=target.port, username=target.user,
                 # The keys OpenSSH would offer, default keys included (paramiko's own look is in $HOME).
@@ -233,7 +239,7 @@ class SshTransport(Transport):
             self._proxies.append(proxy)
             return self._new_client(target, proxy.sock, proxy)
         if target.jump is None:
-            return self._new_client(target)
+            return self._new_client(target, dialled=True)
         jump_client = self._open(target.jump)
         self._jump_clients.append(jump_client)
         transport = jump_client.get_transport()
