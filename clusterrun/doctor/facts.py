@@ -121,7 +121,7 @@ class NodeFacts:
         if call is None:
             command = " ".join(gpufacts.commands(gpufacts.TOOL)[GPU_SECTIONS[name]])
             return Section(name, command, MISSING, f"{gpufacts.TOOL}: not installed")
-        return Section(name, call.command, call.exit_code, call.output)
+        return Section(name, call.command, call.exit_code, call.output.rstrip("\n"))
 
     def ip_section(self) -> Section | None:
         """What the reporter's ``ip -j addr show`` printed, as a section of its own (for evidence)."""
