@@ -1,34 +1,41 @@
-"""Which GPUs of a node a run takes, and the CPUs each of its ranks is bound to. Pure.
+"""Which GPUs of each node a run takes: the one GPU decision of ``up`` (and of ``plan --probe``), one verb per
+step, on the one model of a node's GPUs (:mod:`clusterrun.facts.gpus`, which doctor's GPU checks read too):
+
+1. :func:`found`: what each node has: the nodes whose reporter says which GPUs a run may take there.
+2. :func:`in_way`: what is busy (:func:`clusterrun.facts.gpus.busy`, the rule doctor's ``gpu.busy`` applies)
+   or leased by another run: never taken unless the user allows busy ones; a leased one never.
+3. :func:`choose`: the GPUs one node gives this run; :func:`counted` for the nodes nvidia-smi could not describe.
+4. :func:`for_run`: every node of the run, or the refusal naming each node, GPU and why.
 
 A GPU list the user gave (inventory ``gpus``, ``--gpus``) is used as given, within what the node allows; a
 listed GPU that another run holds, or that is busy, is refused before anything starts. Without a list and
 without a process count the run takes every GPU the node allows, one process each, and refuses (naming each
 busy or held GPU and the ways out) rather than run fewer: the world size is what the user asked for. With a
 process count it takes idle GPUs only (never one another run holds); when it needs fewer than the node has, the
-set with the best links: one NVLink island, else one PCIe switch, else one NUMA node (lowest indices on a tie). Reasons, in
-docs/gpus.md: one busy GPU slows every rank of a synchronous job; a set split across sockets pays the CPU
-interconnect on every transfer between them, and its ranks' memory sits on the far socket.
-
-Each chosen GPU's CPUs and memory node come from ``nvidia-smi topo -m`` (its CPU and NUMA affinity): the
-:class:`Binding` of the local rank that runs on it.
+set with the best links (:func:`clusterrun.facts.gpulinks.best_set`). Reasons, in docs/gpus.md: one busy GPU
+slows every rank of a synchronous job; a set split across sockets pays the CPU interconnect on every transfer
+between them, and its ranks' memory sits on the far socket. Each chosen GPU's CPUs and memory node come from
+``nvidia-smi topo -m``: the :class:`~clusterrun.facts.gpulinks.Binding` of the local rank that runs on it. Pure.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from clusterrun.facts.gpus import ALLOW_BUSY_FLAG, NPROC_FLAG, GpuUse, NodeGpus, span, whole_node
-from clusterrun.facts.parsers.topo import Device, LinkKind, Topology
+from clusterrun.errors import GpusLeased, StartError
+from clusterrun.facts.gpulinks import Binding, best_set, binding, cpu_list, nic_warnings
+from clusterrun.facts.gpus import NodeGpus, busy, span
+from clusterrun.facts.node import ProbedNode
+from clusterrun.inventory.models import Inventory, Node
+from clusterrun.plan import LaunchPlan
 
-#: A GPU with more of its memory in use than this (by processes nvidia-smi may not list: another container's)
-#: is busy; so is one with any compute process not of this run, or this busy.
-BUSY_MEMORY_MIB = 1024
-BUSY_UTILIZATION_PCT = 50
-#: Past this many candidate sets the best one is found greedily (by island and NUMA node) instead of by trying all.
-MAX_SETS = 20000
+ALLOW_BUSY_FLAG = "--allow-busy-gpus"
+NPROC_FLAG = "--nproc-per-node"
+WAIT_HINT = "two runs never share a GPU: `up --wait-gpus` waits until they are free"
+GPU_HINT = "no node was started; `clusterrun plan --probe` shows each node's GPUs (docs/gpus.md: how they are chosen)"
+#: Held GPUs of each node: GPU index -> the run that holds it (see :func:`clusterrun.facts.leases.held_gpus`).
+Held = Mapping[str, Mapping[int, str]]
 
 
 class GpuRefused(Exception):
@@ -38,18 +45,6 @@ class GpuRefused(Exception):
     def __init__(self, node: str, reason: str, leased: bool = False) -> None:
         super().__init__(f"{node}: {reason}")
         self.node, self.reason, self.leased = node, reason, leased
-
-
-@dataclass(frozen=True)
-class Binding:
-    """Where a local rank runs: its GPU's CPUs and memory node (None when the topology does not say)."""
-
-    cpus: frozenset[int]
-    numa: int | None
-
-    def spec(self) -> str:
-        """``0-51/0``: the CPU list, then the memory node after a slash when known."""
-        return cpu_list(self.cpus) + ("" if self.numa is None else f"/{self.numa}")
 
 
 @dataclass(frozen=True)
@@ -73,126 +68,19 @@ class GpuChoice:
         return ";".join(b.spec() if b else "" for b in self.bindings)
 
 
-def cpu_list(cpus: frozenset[int] | Sequence[int]) -> str:
-    """``0-51,104-155`` (the kernel's list format, as taskset and numactl take it)."""
-    out: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if out and cpu == out[-1][1] + 1:
-            out[-1][1] = cpu
-        else:
-            out.append([cpu, cpu])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
-
-
-def busy(gpu: GpuUse, run_id: str = "") -> str | None:
-    """Why ``gpu`` is busy (its other processes, its memory or utilisation), or None when it is idle. Processes
-    of run ``run_id`` (the run's own, on a restart) do not count."""
-    others = [p for p in gpu.processes if not (run_id and p.run_id == run_id)]
-    if others:
-        return "busy: " + "; ".join(p.describe() for p in others)
-    if len(others) < len(gpu.processes):
-        return None  # what is in use is this run's own
-    if gpu.memory_used_mib is not None and gpu.memory_used_mib > BUSY_MEMORY_MIB:
-        total = f" of {gpu.memory_total_mib}" if gpu.memory_total_mib else ""
-        return f"busy: {gpu.memory_used_mib}{total} MiB in use by processes nvidia-smi does not list"
-    if gpu.utilization_pct is not None and gpu.utilization_pct >= BUSY_UTILIZATION_PCT:
-        return f"busy: {gpu.utilization_pct} % utilised"
-    return None
-
-
-def _device(topology: Topology | None, index: int) -> Device | None:
-    if topology is None:
-        return None
-    try:
-        return topology.device(f"GPU{index}")
-    except KeyError:
-        return None
-
-
-def binding(topology: Topology | None, index: int) -> Binding | None:
-    """The CPUs and memory node of GPU ``index`` by the topology; None when it gives no CPU affinity."""
-    device = _device(topology, index)
-    if device is None or not device.cpus:
-        return None
-    numa = sorted(device.numa_nodes)
-    return Binding(device.cpus, numa[0] if len(numa) == 1 else device.gpu_numa_id)
-
-
-def _islands(topology: Topology) -> dict[int, int]:
-    """GPU index -> the lowest index of its NVLink island (GPUs joined by NVLink, directly or through others)."""
-    gpus = [d.gpu_index for d in topology.gpus if d.gpu_index is not None]
-    island = {g: g for g in gpus}
-    for a, b in itertools.combinations(gpus, 2):
-        if topology.link(f"GPU{a}", f"GPU{b}").kind is LinkKind.NVLINK:
-            low, high = sorted((island[a], island[b]))
-            island = {g: (low if i == high else i) for g, i in island.items()}
-    return island
-
-
-def _numa(topology: Topology, index: int) -> int | None:
-    b = binding(topology, index)
-    return b.numa if b is not None else None
-
-
-def best_set(topology: Topology, candidates: Sequence[int], k: int) -> tuple[tuple[int, ...], str]:
-    """The ``k`` of ``candidates`` with the best links, and why: fewest NVLink islands, then the closest worst
-    link between two of them (NVLink, PIX, PXB, PHB, NODE, SYS), then fewest NUMA nodes, then the lowest indices.
-    Raises KeyError when a candidate is not in the topology."""
-    island = _islands(topology)
-    numa = {i: _numa(topology, i) for i in candidates}  # KeyError for a GPU the matrix lacks
-    rank = {(a, b): topology.link(f"GPU{a}", f"GPU{b}").kind.rank for a, b in itertools.combinations(candidates, 2)}
-    rank.update({(b, a): r for (a, b), r in list(rank.items())})
-
-    def key(combo: tuple[int, ...]) -> tuple[int, int, int, tuple[int, ...]]:
-        worst = max((rank[pair] for pair in itertools.combinations(combo, 2)), default=0)
-        return (len({island[i] for i in combo}), worst, len({numa[i] for i in combo}), combo)
-
-    ordered = sorted(candidates)
-    if math.comb(len(ordered), k) <= MAX_SETS:
-        chosen = min(itertools.combinations(ordered, k), key=key)
-    else:  # too many sets to try: by island, then NUMA node, then index
-        chosen = tuple(sorted(sorted(ordered, key=lambda i: (island[i], numa[i] or 0, i))[:k]))
-    return chosen, _why(topology, chosen, island)
-
-
-def _why(topology: Topology, chosen: Sequence[int], island: Mapping[int, int]) -> str:
-    words = []
-    links = [topology.link(f"GPU{a}", f"GPU{b}") for a, b in itertools.combinations(chosen, 2)]
-    if links and all(link.kind is LinkKind.NVLINK for link in links):
-        words.append(f"one NVLink island (NV{min(link.nvlinks for link in links)})")
-    elif links:
-        kind = max((link.kind for link in links), key=lambda k: k.rank)
-        words.append({LinkKind.PIX: "one PCIe switch (PIX)", LinkKind.PXB: "one PCIe switch (PXB)",
-                      LinkKind.PHB: "one PCIe host bridge (PHB)", LinkKind.NODE: "within one NUMA node's PCIe (NODE)",
-                      }.get(kind, f"across sockets ({kind.value}): no closer set is idle"))
-        if len({island[i] for i in chosen}) == 1:
-            words.append("one NVLink island")
-    numa = {_numa(topology, i) for i in chosen}
-    if len(numa) == 1 and None not in numa:
-        words.append(f"one NUMA node ({numa.pop()})")
-    return ", ".join(words) or "the first idle ones"
-
-
-def _nic_warnings(node: str, topology: Topology | None, gpus: Sequence[int]) -> list[str]:
-    out = []
-    for rank, index in enumerate(gpus):
-        if _device(topology, index) is None or topology is None:
-            continue
-        nics = topology.nearest_nics(f"GPU{index}")
-        if nics and topology.link(f"GPU{index}", nics[0].name).kind is LinkKind.SYS:
-            names = ", ".join(n.hca or n.name for n in nics)
-            out.append(f"{node}: local rank {rank} (GPU {index}) reaches its nearest NIC ({names}) only across the CPU "
-                       "interconnect (SYS): its traffic to other nodes crosses sockets")
+def found(ready: Mapping[str, ProbedNode], planned: set[str]) -> dict[str, NodeGpus]:
+    """Step 1: the GPU facts of each planned node that says which GPUs a run may take: nvidia-smi listed them, or
+    it could not but the node's CUDA_VISIBLE_DEVICES limits a node that has GPUs (the reporter counted some)."""
+    out: dict[str, NodeGpus] = {}
+    for name, r in ready.items():
+        facts = r.gpu_facts() if name in planned else None
+        if facts is not None and (facts.gpus or (facts.limited and r.gpus != 0)):
+            out[name] = facts
     return out
 
 
-def _left_out(reasons: Mapping[int, str], chosen: Sequence[int]) -> str:
-    skipped = [f"GPU {i} {why}" for i, why in sorted(reasons.items()) if i not in chosen]
-    return f"; left out: {'; '.join(skipped)}" if skipped else ""
-
-
-def _reasons(facts: NodeGpus, held: Mapping[int, str], run_id: str) -> dict[int, str]:
-    """Each GPU the node offers that another run holds or that is busy: why."""
+def in_way(facts: NodeGpus, held: Mapping[int, str], run_id: str = "") -> dict[int, str]:
+    """Step 2: each GPU the node offers that another run holds or that is busy (:func:`busy`), and why."""
     reasons: dict[int, str] = {}
     for index in facts.offered:
         gpu = facts.gpu(index)
@@ -202,12 +90,34 @@ def _reasons(facts: NodeGpus, held: Mapping[int, str], run_id: str) -> dict[int,
     return reasons
 
 
+def whole_node(node_gpus: Sequence[int], blocked: Sequence[str], idle: int, *, any_busy: bool, leased: bool) -> str:
+    """Why a run without a process count cannot start on a node (it takes every GPU the node allows,
+    ``node_gpus``): ``blocked``, each GPU that is busy or leased in words; and the ways out: ``--nproc-per-node``
+    with ``idle`` (the fewest idle GPUs of a node), and ``--allow-busy-gpus`` or ``up --wait-gpus``."""
+    whole = f"without a process count the run takes every GPU the node allows ({span(node_gpus)}), one process each"
+    if any_busy:
+        why = f"{whole}, and one busy GPU slows every rank of the job" + (
+            " (and two runs never share a GPU)" if leased else "")
+    else:
+        why = f"two runs never share a GPU, and {whole}"
+    outs = [f"`{NPROC_FLAG} {idle}` takes the {idle} best idle GPU{'s' if idle > 1 else ''} on every node"
+            ] if idle else []
+    outs.append(f"add {ALLOW_BUSY_FLAG} to use busy GPUs anyway" if any_busy else
+                "`up --wait-gpus` waits until they are free")
+    return f"{'; '.join(blocked)}; {why}: {', or '.join(outs)}"
+
+
+def _left_out(reasons: Mapping[int, str], chosen: Sequence[int]) -> str:
+    skipped = [f"GPU {i} {why}" for i, why in sorted(reasons.items()) if i not in chosen]
+    return f"; left out: {'; '.join(skipped)}" if skipped else ""
+
+
 def idle_count(facts: NodeGpus, held: Mapping[int, str] | None = None, run_id: str = "") -> int:
     """How many GPUs the node offers that are idle and that no other run holds: the most ``--nproc-per-node`` may
     ask of it."""
     if facts.node_env:
         return len(facts.mig or facts.names)
-    return len(facts.offered) - len(_reasons(facts, held or {}, run_id))
+    return len(facts.offered) - len(in_way(facts, held or {}, run_id))
 
 
 def _kept(facts: NodeGpus, listed: Sequence[int], count: int | None, warnings: list[str]) -> GpuChoice:
@@ -231,13 +141,13 @@ def _whole_node(facts: NodeGpus, reasons: Mapping[int, str], held: Mapping[int, 
     """Without a process count: every GPU the node offers, one process each; raises :class:`GpuRefused` where one
     of them is busy (without ``allow_busy``) or held, naming each with both ways out."""
     offered = facts.offered
-    in_way = [i for i in offered if i in reasons and (i in held or not allow_busy)]
-    if in_way:
-        busy_ones = [i for i in in_way if i not in held]
+    blocking = [i for i in offered if i in reasons and (i in held or not allow_busy)]
+    if blocking:
+        busy_ones = [i for i in blocking if i not in held]
         idle = len(offered) - len(reasons)
-        raise GpuRefused(facts.node, whole_node(offered, [f"GPU {i} is {reasons[i]}" for i in in_way],
+        raise GpuRefused(facts.node, whole_node(offered, [f"GPU {i} is {reasons[i]}" for i in blocking],
                                                 idle if fewest_idle is None else min(idle, fewest_idle),
-                                                busy=bool(busy_ones), leased=len(busy_ones) < len(in_way)),
+                                                any_busy=bool(busy_ones), leased=len(busy_ones) < len(blocking)),
                          leased=not busy_ones)
     return tuple(offered)
 
@@ -245,7 +155,7 @@ def _whole_node(facts: NodeGpus, reasons: Mapping[int, str], held: Mapping[int, 
 def choose(facts: NodeGpus, *, listed: Sequence[int] = (), count: int | None = None,
            held: Mapping[int, str] | None = None, run_id: str = "", allow_busy: bool = False,
            networked: bool = False, fewest_idle: int | None = None) -> GpuChoice:
-    """The GPUs a run takes on the node ``facts`` describes.
+    """Step 3: the GPUs a run takes on the node ``facts`` describes.
 
     ``listed``: the GPUs the user gave (used as given); ``count``: the processes wanted (None: one per GPU the
     node offers); ``held``: GPU index -> the run that holds its lease (never taken); ``run_id``: this run (its own
@@ -262,7 +172,7 @@ def choose(facts: NodeGpus, *, listed: Sequence[int] = (), count: int | None = N
     if facts.node_env:
         return _kept(facts, listed, count, warnings)
     offered = facts.offered
-    reasons = _reasons(facts, held, run_id)
+    reasons = in_way(facts, held, run_id)
     where = (f"the node's CUDA_VISIBLE_DEVICES={facts.visible} allows GPUs {span(offered) or 'none'}"
              if facts.allowed is not None else f"nvidia-smi lists GPUs {span(facts.indices)}")
     unread = "" if facts.gpus else ("; no nvidia-smi there" if not facts.smi else "; nvidia-smi could not list the GPUs")
@@ -295,7 +205,7 @@ def choose(facts: NodeGpus, *, listed: Sequence[int] = (), count: int | None = N
                 f"{unread}: its GPUs as it numbers them, not renumbered)" if unread else ")")
         note += _left_out(reasons, chosen)
     if networked:
-        warnings += _nic_warnings(node, facts.topology, chosen)
+        warnings += nic_warnings(node, facts.topology, chosen)
     return GpuChoice(node, chosen, note, tuple(warnings), tuple(binding(facts.topology, i) for i in chosen))
 
 
@@ -332,3 +242,148 @@ def _best(facts: NodeGpus, reasons: Mapping[int, str], held: Mapping[int, str], 
         why = ("the first idle ones" + ("" if facts.topology else " (the topology is not known)") if facts.gpus
                else "the first the node allows, in its order")
     return chosen, f"{node}: GPUs {span(chosen)} for {need} process(es): {why}"
+
+
+def every_gpu(inv: Inventory, offered: Mapping[str, Sequence[int] | None],
+              nproc_given: bool) -> tuple[Inventory, list[str]]:
+    """Nodes whose GPUs nobody listed (a one-liner without --gpus, an inventory node without ``gpus``) and whose
+    process count nobody set (``nproc_given``: a command-line count) get every GPU the node sees (``offered``: the
+    physical indices the reporter found, :func:`clusterrun.facts.gpus.offered_indices`), one process each, as
+    ``torchrun --nproc-per-node gpu`` does. Returns the inventory so completed and a line per node that was."""
+    if nproc_given or inv.defaults.nproc_per_node is not None:
+        return inv, []
+    nodes, lines = [], []
+    for node in inv.nodes:
+        indices = offered.get(node.name)
+        if node.gpus or node.nproc_per_node is not None or not indices:
+            if indices is not None and not indices and "gpus" not in node.model_fields_set \
+                    and node.nproc_per_node is None:
+                lines.append(f"{node.name}: no GPU seen: one CPU process (--nproc-per-node for more)")
+            nodes.append(node)
+            continue
+        nodes.append(node.model_copy(update={"gpus": list(indices)}))
+        lines.append(f"{node.name}: {len(indices)} GPU(s) seen, one process each (gpus: {span(indices)})")
+    changed = any(a is not b for a, b in zip(nodes, inv.nodes, strict=True))
+    return (inv.model_copy(update={"nodes": nodes}) if changed else inv), lines
+
+
+def _holders(gpus: list[int], held: Mapping[int, str]) -> str:
+    return "; ".join(f"GPU {g} is leased by {held[g]}" for g in gpus)
+
+
+def spare_leased(given: Inventory, completed: Inventory, nproc: int | None, offered: Mapping[str, Sequence[int] | None],
+                 held: Held) -> tuple[Inventory, list[str], dict[str, str]]:
+    """For nodes nvidia-smi could not describe (no use to judge, only leases): ``completed`` (see
+    :func:`every_gpu`) with each node's GPUs clear of ``held``; a line per node whose GPUs changed, and per node a
+    problem where the run cannot have the GPUs it needs.
+
+    ``given``: the inventory as the user gave it (which nodes listed their GPUs); ``nproc``: the command line's
+    process count; ``offered``: the physical indices of the GPUs each node offers. A listed GPU another run holds
+    refuses the run; without a process count so does any GPU of the node (never a smaller world size); with one,
+    that many GPUs nobody holds, in index order."""
+    listed = {n.name for n in given.nodes if n.gpus}
+    nodes: list[Node] = []
+    lines: list[str] = []
+    problems: dict[str, str] = {}
+    for node in completed.nodes:
+        here = held.get(node.name) or {}
+        pool = list(offered.get(node.name) or ())
+        want = nproc or node.nproc_per_node or completed.defaults.nproc_per_node
+        if node.spare or (not here and (node.gpus or not want or not pool)):
+            nodes.append(node)
+            continue
+        if node.name in listed or not want:
+            taken = [g for g in node.gpus or pool if g in here]
+            if taken and node.name in listed:
+                problems[node.name] = f"{_holders(taken, here)}; list other GPUs, or {WAIT_HINT}"
+            elif taken:
+                free = len([g for g in pool if g not in here])
+                problems[node.name] = whole_node(node.gpus or pool, [f"GPU {g} is leased by {here[g]}" for g in taken],
+                                                 free, any_busy=False, leased=True)
+            nodes.append(node)
+            continue
+        free = [g for g in pool if g not in here]
+        if len(free) < want:
+            if here:  # without leases, a count above the GPUs is the user's to give (as before)
+                problems[node.name] = (f"{want} GPU(s) needed, {len(free)} of {len(pool)} free; "
+                                       f"{_holders(sorted(here), here)}; {WAIT_HINT}")
+            nodes.append(node)
+            continue
+        chosen = free[:want]
+        nodes.append(node.model_copy(update={"gpus": chosen}))
+        lines.append(f"{node.name}: {_holders(sorted(here), here)}; this run takes GPU(s) {','.join(map(str, chosen))}"
+                     if here else f"{node.name}: {len(pool)} GPU(s) seen, {want} process(es) take GPU(s) "
+                     f"{','.join(map(str, chosen))}")
+    changed = any(a is not b for a, b in zip(nodes, completed.nodes, strict=True))
+    return (completed.model_copy(update={"nodes": nodes}) if changed else completed), lines, problems
+
+
+def _binding_line(node: str, choice: GpuChoice) -> str:
+    groups: dict[str, list[int]] = {}
+    for gpu, bound in zip(choice.gpus, choice.bindings, strict=True):
+        if bound is not None:
+            where = f"CPUs {cpu_list(bound.cpus)}" + ("" if bound.numa is None else f", NUMA node {bound.numa}")
+            groups.setdefault(where, []).append(gpu)
+    return f"{node}: each rank on its GPU's CPUs (--cpu-bind numa): " + "; ".join(
+        f"GPU {span(gpus)} on {where}" for where, gpus in groups.items())
+
+
+@dataclass(frozen=True)
+class RunGpus:
+    """Step 4's answer: the inventory with each node's GPUs, a line per node saying which and why, warnings, and
+    each node whose nvidia-smi described its GPUs with its facts and :class:`GpuChoice`."""
+
+    inventory: Inventory
+    lines: tuple[str, ...]
+    warnings: tuple[str, ...]
+    choices: Mapping[str, tuple[NodeGpus, GpuChoice]]
+
+
+def for_run(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode], held: Held) -> RunGpus:
+    """Step 4: each node's GPUs from what it reported: :func:`choose` where nvidia-smi described them (or the
+    node's CUDA_VISIBLE_DEVICES limits them), else every GPU it counted (:func:`every_gpu`) clear of other runs'
+    leases (:func:`spare_leased`); a node whose GPUs could not be read is planned in plain order (a warning says
+    so). Raises :class:`GpusLeased` when only GPUs other runs hold are in the way, else :class:`StartError`,
+    naming every node that cannot give the run its GPUs."""
+    job, planned = plan.job, {n.name for n in plan.nodes}
+    readable = found(ready, planned)
+    fewest = min((idle_count(f, held.get(n, {}), job.run_id) for n, f in readable.items()), default=None)
+    nodes, lines, warnings, choices, refused = [], [], [], {}, {}
+    leased = True  # every refusal is of GPUs other runs hold: `up --wait-gpus` may wait for them
+    for node in inv.nodes:
+        facts = readable.get(node.name)
+        if facts is None:
+            unread = ready[node.name].gpu_facts() if node.name in ready and node.name in planned else None
+            if unread is not None and unread.smi:
+                warnings += [*unread.problems, f"{node.name}: its GPUs could not be read: planned in plain order"]
+            nodes.append(node)
+            continue
+        count = job.nproc_per_node or node.nproc_per_node or inv.defaults.nproc_per_node
+        try:
+            choice = choose(facts, listed=node.gpus, count=count, held=held.get(node.name, {}), run_id=job.run_id,
+                            allow_busy=job.allow_busy_gpus, networked=plan.nnodes > 1, fewest_idle=fewest)
+        except GpuRefused as exc:
+            refused[node.name] = exc.reason
+            leased = leased and exc.leased
+            nodes.append(node)
+            continue
+        update: dict[str, object] = {"gpus": list(choice.gpus)}
+        if choice.node_env and count is None:
+            update["nproc_per_node"] = len(facts.mig or facts.names)
+        nodes.append(node.model_copy(update=update))
+        lines += [choice.note] if choice.note else []
+        lines += [_binding_line(node.name, choice)] if job.cpu_bind == "numa" and choice.cpu_bind() else []
+        warnings += choice.warnings
+        choices[node.name] = (facts, choice)
+    if refused:
+        if leased:
+            raise GpusLeased(refused, hint=f"no node was started; {WAIT_HINT}")
+        raise StartError(refused, hint=GPU_HINT)
+    chosen = inv.model_copy(update={"nodes": nodes})
+    rest = {n: r for n, r in ready.items() if n not in choices}
+    offered = {name: r.gpu_indices() for name, r in rest.items()}
+    completed, seen = every_gpu(chosen, offered, job.nproc_per_node is not None)
+    completed, spared, problems = spare_leased(chosen, completed, job.nproc_per_node, offered, held)
+    if problems:
+        raise GpusLeased(problems, hint="no node was started")
+    return RunGpus(completed, (*lines, *seen, *spared), tuple(warnings), choices)

@@ -1,22 +1,27 @@
 """GPU doctor checks on recorded real nvidia-smi output, plus small synthetic outputs where no recording exists.
 
-The recorded CSV files carry a header (``--format=csv``), while the probe asks for ``noheader``; the parser
-reads both, so the recordings stand in for the probe's section output. Synthetic text is marked as such.
+Doctor reads the node reporter's one nvidia-smi round (its ``gpu`` part, the one ``up`` reads): :func:`facts`
+puts each output where the reporter puts it. The recorded CSV files carry a header (``--format=csv``), while
+the reporter asks for ``noheader``; the parser reads both, so the recordings stand in for its output. Synthetic
+text is marked as such.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import clusterrun.doctor.checks.gpu  # noqa: F401  (registers the checks)
-from clusterrun.doctor.facts import MISSING, NodeFacts, Section
+from clusterrun.doctor.facts import FACTS, GPU_SECTIONS, MISSING, NodeFacts, Section
 from clusterrun.doctor.model import Finding, Verdict
-from clusterrun.doctor.probe import SECTIONS
+from clusterrun.doctor.probe import PROGRAM_COMMANDS
 from clusterrun.doctor.registry import CHECKS, Context, Options
+from clusterrun.facts.node import LINE
 from clusterrun.inventory.models import Inventory
+from clusterrun.remote import gpufacts
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 
@@ -44,20 +49,42 @@ def topo(name: str) -> str:
 
 
 def synthetic_smi(count: int, model: str = "NVIDIA H100 80GB HBM3", driver: str = "535.104.05",
-                  used: dict[int, int] | None = None, ecc: dict[int, str] | None = None) -> str:
-    """Synthetic ``--query-gpu=<GPU_QUERY_FIELDS> --format=csv,noheader,nounits`` rows, as the probe asks for them."""
-    used, ecc = used or {}, ecc or {}
+                  used: dict[int, int] | None = None, ecc: dict[int, str] | None = None,
+                  util: dict[int, int] | None = None) -> str:
+    """Synthetic ``--query-gpu=<gpufacts.GPU_FIELDS> --format=csv,noheader,nounits`` rows, as the reporter asks."""
+    used, ecc, util = used or {}, ecc or {}, util or {}
     return "".join(f"{i}, GPU-00000000-0000-0000-0000-00000000000{i}, {model}, 00000000:{0x18 + i:02X}:00.0, "
-                   f"{driver}, 81559, {used.get(i, 3)}, 0, {ecc.get(i, '0')}\n" for i in range(count))
+                   f"{driver}, 81559, {used.get(i, 3)}, {util.get(i, 0)}, {ecc.get(i, '0')}\n" for i in range(count))
+
+
+#: The command each GPU section shows: the reporter's nvidia-smi calls.
+COMMANDS = {name: " ".join(gpufacts.commands("nvidia-smi")[call]) for name, call in GPU_SECTIONS.items()}
+
+
+def reported(**sections: str | tuple[str, int]) -> dict[str, Any] | None:
+    """The reporter's ``gpu`` part where nvidia-smi printed ``sections`` (each its output, exit 0, or (output,
+    exit code)); a call not given failed without output; exit 127 (not installed): no nvidia-smi there."""
+    if any(isinstance(v, tuple) and v[1] == MISSING for v in sections.values()):
+        return None
+    part: dict[str, Any] = {"smi": "/usr/bin/nvidia-smi", "visible": None, "fields": gpufacts.GPU_FIELDS,
+                            "owners": {}}
+    for name, call in GPU_SECTIONS.items():
+        output, rc = (sections[name] if isinstance(sections[name], tuple) else (sections[name], 0)) \
+            if name in sections else ("", 1)
+        if rc == 0:
+            part[call] = output
+        else:
+            part.update({f"{call}_error": f"exit {rc}", f"{call}_exit": rc, f"{call}_output": output})
+    return part
 
 
 def facts(node: str, **sections: str | tuple[str, int]) -> NodeFacts:
-    """A probed node; each section is its output (exit 0) or (output, exit code)."""
-    built = {}
-    for name, value in sections.items():
-        output, rc = value if isinstance(value, tuple) else (value, 0)
-        built[name] = Section(name, SECTIONS[name], rc, output)
-    return NodeFacts(node, built)
+    """A probed node whose reporter's nvidia-smi printed ``sections`` (see :func:`reported`); none given: the
+    reporter did not run."""
+    if not sections:
+        return NodeFacts(node)
+    line = LINE + json.dumps({"net": {}, "gpus": None, "gpu": reported(**sections)})
+    return NodeFacts(node, {FACTS: Section(FACTS, PROGRAM_COMMANDS[FACTS], 0, line)})
 
 
 def inventory(*nodes: dict[str, Any], **top: Any) -> Inventory:
@@ -116,7 +143,7 @@ def test_gpu_present(gpus: int, section: str | tuple[str, int], verdict: Verdict
     assert (f.verdict, f.node) == (verdict, "gpu03")
     assert all(w in f.summary for w in words), f.summary
     assert all(w in (f.hint or "") for w in hint_words), f.hint
-    assert f.evidence[0].command == SECTIONS["nvidia_smi"] and f.evidence[0].node == "gpu03"
+    assert f.evidence[0].command == COMMANDS["nvidia_smi"] and f.evidence[0].node == "gpu03"
     if verdict in (Verdict.warned, Verdict.failed):
         assert f.hint
 
@@ -127,7 +154,7 @@ def test_gpu_present_without_the_section_skips_and_unreachable_nodes_are_silent(
 
     f = one(findings)
     assert (f.verdict, f.node) == (Verdict.skipped, "gpu01")
-    assert "no nvidia-smi output" in f.summary
+    assert "no GPU facts: the node's facts were not gathered" in f.summary
 
 
 # --- gpu.indices ---------------------------------------------------------------------------------------------------
@@ -283,7 +310,7 @@ def test_gpu_busy_names_gpu_pid_process_and_memory() -> None:
     assert gpu1.data["processes"] == [{"pid": 4242, "name": "python", "used_memory_mib": 131000}]
     assert (gpu1.measured, gpu1.expected) == ("131470 MiB used, 1 processes", "<= 1024 MiB, no processes")
     assert gpu0.summary.startswith("gpu02: GPU0 busy: 45662 MiB used, no compute process listed")
-    assert [e.command for e in gpu1.evidence] == [SECTIONS["nvidia_smi"], SECTIONS["nvidia_apps"]]
+    assert [e.command for e in gpu1.evidence] == [COMMANDS["nvidia_smi"], COMMANDS["nvidia_apps"]]
 
 
 @pytest.mark.parametrize(
@@ -293,12 +320,13 @@ def test_gpu_busy_names_gpu_pid_process_and_memory() -> None:
          ["gpu01: 8 GPUs, NVIDIA H100 80GB HBM3, none busy (at most 3 MiB used)"]),
         # Real processes on GPUs of another machine: they are not on any listed GPU here.
         (8, synthetic_smi(8), smi(OTHER_APPS), {}, Verdict.passed, ["none busy"]),
-        (4, smi(H200_BUSY), smi(NO_APPS), {"busy_memory_mib": 140000}, Verdict.passed, ["4 GPUs", "none busy"]),
-        ([0], smi(H200_BUSY), smi(NO_APPS), {"busy_memory_mib": 50000}, Verdict.passed, ["1 GPUs", "45662 MiB"]),
+        # Synthetic: GPU5's memory and GPU6's utilisation make them busy, but only GPUs 0 and 1 are listed.
+        ([0, 1], synthetic_smi(8, used={5: 40000}, util={6: 90}), smi(NO_APPS), {}, Verdict.passed,
+         ["2 GPUs", "none busy (at most 3 MiB used)"]),
         (8, synthetic_smi(8), None, {}, Verdict.passed, ["none busy", "compute processes not listed"]),
         (2, smi(TWO_MODELS), None, {}, Verdict.skipped, ["gpu01: neither GPU memory use nor compute processes"]),
     ],
-    ids=["idle", "other-machines-processes", "high-limit", "unlisted-busy-ignored", "no-apps", "nothing-reported"],
+    ids=["idle", "other-machines-processes", "unlisted-busy-ignored", "no-apps", "nothing-reported"],
 )
 def test_gpu_busy_passes_and_skips(gpus: int | list[int], smi_text: str, apps: str | None, options: dict[str, int],
                                    verdict: Verdict, words: list[str]) -> None:
@@ -323,6 +351,18 @@ def test_gpu_busy_flags_a_process_with_little_memory_and_lists_several() -> None
     assert "kill 77 78" in (f.hint or "")
 
 
+def test_gpu_busy_flags_a_gpu_at_half_utilisation_or_more_as_up_does() -> None:
+    # Synthetic: GPU2 at 50 % with little memory in use and no process listed (another container's kernel).
+    findings = run("gpu.busy", inventory({"name": "gpu01", "gpus": 4}),
+                   facts("gpu01", nvidia_smi=synthetic_smi(4, util={1: 49, 2: 50}), nvidia_apps=smi(NO_APPS)))
+
+    f = one(findings)
+    assert (f.verdict, f.subject) == (Verdict.warned, "GPU2")
+    assert f.summary.startswith("gpu01: GPU2 busy: 3 MiB used, 50 % utilised, no compute process listed")
+    assert (f.measured, f.expected) == ("3 MiB used, 0 processes, 50 % utilised", "< 50 % utilised")
+    assert f.data["why"] == "busy: 50 % utilised"
+
+
 def test_gpu_busy_unreadable_process_list_warns_and_still_judges_memory() -> None:
     # Synthetic: a process row with a non-numeric pid.
     findings = run("gpu.busy", inventory({"name": "gpu01", "gpus": 8}),
@@ -330,7 +370,7 @@ def test_gpu_busy_unreadable_process_list_warns_and_still_judges_memory() -> Non
 
     assert [f.verdict for f in findings] == [Verdict.warned, Verdict.passed]
     assert findings[0].subject == "processes" and "pid is not a number" in findings[0].summary
-    assert findings[0].evidence[0].command == SECTIONS["nvidia_apps"]
+    assert findings[0].evidence[0].command == COMMANDS["nvidia_apps"]
 
 
 # --- gpu.ecc -------------------------------------------------------------------------------------------------------
@@ -380,7 +420,7 @@ def test_topology_reports_links_numa_and_nearest_nic() -> None:
     assert f.summary == ("gpu01: 8 GPUs, links NV18 x28; NUMA 0: GPU0-3, 1: GPU4-7; nearest NIC none in the matrix")
     assert set(f.data["gpu_links"].values()) == {"NV18"} and len(f.data["gpu_links"]) == 28
     assert f.data["numa"] == {"0": ["GPU0", "GPU1", "GPU2", "GPU3"], "1": ["GPU4", "GPU5", "GPU6", "GPU7"]}
-    assert f.evidence[0].command == SECTIONS["nvidia_topo"]
+    assert f.evidence[0].command == COMMANDS["nvidia_topo"]
 
 
 def test_topology_nearest_nic_by_legend_name() -> None:
@@ -461,7 +501,7 @@ def test_topology_numa_even_or_unknown_is_fine() -> None:
         (topo("p2p_r_8gpu_not_topo_m.txt"), Verdict.warned, ["cannot read the GPU topology"]),
         ((NOT_INSTALLED, MISSING), Verdict.skipped, ["no topology", "nvidia-smi not installed"]),
         ((DRIVER_ERROR, 9), Verdict.skipped, ["no topology", "exited 9", "couldn't communicate"]),
-        (None, Verdict.skipped, ["no topology", "no `nvidia-smi topo -m` output"]),
+        (None, Verdict.skipped, ["no topology", "no GPU facts"]),
     ],
     ids=["truncated-sys", "truncated-nv8", "p2p-matrix", "missing-tool", "driver-error", "no-section"],
 )

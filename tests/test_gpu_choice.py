@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from gpunodes import smi_command
 
-from clusterrun import gpuchoice
+from clusterrun.facts import gpulinks
 from clusterrun.facts import gpus as gpu_facts
+from clusterrun.facts.gpulinks import Binding
 from clusterrun.facts.gpus import GpuProcess, GpuUse, NodeGpus
 from clusterrun.facts.parsers import topo
-from clusterrun.gpuchoice import Binding, GpuRefused, choose
+from clusterrun.gpuchoice import GpuRefused, choose
 from clusterrun.remote import gpufacts
 
 TOPO = Path(__file__).parent / "fixtures" / "real" / "topo"
@@ -149,11 +150,11 @@ def test_a_node_with_no_idle_gpu_says_what_each_is_doing() -> None:
 def test_a_run_does_not_count_its_own_processes_as_busy() -> None:
     mine = GpuProcess(77, "python", 30000, "alice", "r1")
     gpu = GpuUse(0, "GPU-0", "H100", 30000, 81559, 90, (mine,))
-    assert gpuchoice.busy(gpu, "r1") is None
-    assert gpuchoice.busy(gpu, "r2") == "busy: pid 77 python (alice), 30000 MiB"
-    assert gpuchoice.busy(GpuUse(0, None, None, 2048, 81559, 0), "r1") == (
+    assert gpu_facts.busy(gpu, "r1") is None
+    assert gpu_facts.busy(gpu, "r2") == "busy: pid 77 python (alice), 30000 MiB"
+    assert gpu_facts.busy(GpuUse(0, None, None, 2048, 81559, 0), "r1") == (
         "busy: 2048 of 81559 MiB in use by processes nvidia-smi does not list")
-    assert gpuchoice.busy(GpuUse(0, None, None, 10, 81559, 97)) == "busy: 97 % utilised"
+    assert gpu_facts.busy(GpuUse(0, None, None, 10, 81559, 97)) == "busy: 97 % utilised"
 
 
 @pytest.mark.parametrize(("recording", "count", "k", "chosen", "why"), [
@@ -206,4 +207,4 @@ def test_a_node_whose_environment_hides_every_gpu_runs_cpu_processes(smi: Path) 
 
 
 def test_cpu_lists_are_written_as_the_kernel_writes_them() -> None:
-    assert gpuchoice.cpu_list(frozenset({0, 1, 2, 3, 8, 10, 11})) == "0-3,8,10-11"
+    assert gpulinks.cpu_list(frozenset({0, 1, 2, 3, 8, 10, 11})) == "0-3,8,10-11"

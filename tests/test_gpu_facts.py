@@ -24,13 +24,15 @@ def gathered(tmp_path: Path, node: str = "h100x8_one_busy", timeout: float = 10.
 
 
 def test_the_reporter_asks_for_the_fields_the_parsers_read() -> None:
-    assert tuple(gpufacts.GPU_FIELDS.split(",")) == nvidia_smi.GPU_FIELDS
+    assert tuple(gpufacts.GPU_FIELDS.split(",")) == (*nvidia_smi.GPU_FIELDS, gpu_facts.ECC_FIELD)
     assert tuple(gpufacts.APP_FIELDS.split(",")) == nvidia_smi.APP_FIELDS
 
 
 def test_each_gpus_use_processes_and_topology_from_the_recordings(tmp_path: Path) -> None:
     facts = gpu_facts.parse("gpu01", gathered(tmp_path))
     assert facts is not None and not facts.problems
+    # The stand-in prints [N/A] for the ECC count its recording lacks, as nvidia-smi does for a GPU without ECC.
+    assert facts.ecc_queried and facts.gpu(0).ecc_uncorrected is None
     assert facts.indices == tuple(range(8)) and facts.allowed is None and facts.offered == tuple(range(8))
     busy = facts.gpu(1)
     assert busy is not None and (busy.memory_used_mib, busy.utilization_pct) == (45662, 97)
@@ -81,6 +83,11 @@ def test_a_hung_nvidia_smi_is_bounded_and_reported(tmp_path: Path) -> None:
     assert facts is not None and facts.topology is None and len(facts.gpus) == 8
     assert facts.problems == ("gpu01: nvidia-smi topo -m failed: no answer within 5s (nvidia-smi hangs: a stuck "
                               "driver or GPU?)",)
+    # What doctor shows as evidence: the call's exit status as timeout(1) gives it, and the answered ones as is.
+    hung = facts.calls["topo"]
+    assert (hung.command, hung.exit_code, hung.output) == ("nvidia-smi topo -m", 124, "")
+    assert hung.failure == "`nvidia-smi topo -m` exited 124: no output"
+    assert facts.calls["query"].exit_code == 0 and facts.calls["query"].output == raw["query"]
 
 
 def test_a_failing_nvidia_smi_is_reported_with_its_own_words(tmp_path: Path) -> None:
@@ -89,6 +96,12 @@ def test_a_failing_nvidia_smi_is_reported_with_its_own_words(tmp_path: Path) -> 
     facts = gpu_facts.parse("gpu01", raw)
     assert facts is not None and facts.gpus == ()
     assert facts.problems[0].startswith("gpu01: nvidia-smi --query-gpu failed: exit 9: NVIDIA-SMI has failed")
+    # The whole of what it printed is kept for doctor's evidence, and its own words for doctor's finding.
+    query = facts.calls["query"]
+    assert (query.exit_code, query.output) == (9, raw["query_output"]) and "latest NVIDIA driver" in query.output
+    assert query.failure is not None and query.failure.startswith(
+        "nvidia-smi failed: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
+    assert query.command == f"nvidia-smi --query-gpu={gpufacts.GPU_FIELDS} --format=csv,noheader,nounits"
 
 
 @pytest.mark.parametrize("recording", ["8gpu_pcie_sys_10nics_truncated.txt", "8gpu_nv8_9nics_truncated.txt",

@@ -16,8 +16,9 @@ import pytest
 from simjobs import clusterrun_env
 
 from clusterrun.errors import GpusLeased
-from clusterrun.facts.leases import held_gpus, parse_leases, spare_leased_gpus
+from clusterrun.facts.leases import held_gpus, parse_leases
 from clusterrun.facts.node import ProbedNode
+from clusterrun.gpuchoice import spare_leased
 from clusterrun.inventory.yaml_source import parse_inventory_text
 from clusterrun.launch.replan import GpuWait, with_slurm_topology
 from clusterrun.plan import JobSpec, build_plan
@@ -149,7 +150,7 @@ def test_a_listed_gpu_another_run_holds_refuses_naming_the_holder() -> None:
     given = inv(TWO_NODES)
     completed = given.model_copy(update={"nodes": [given.nodes[0], given.nodes[1].model_copy(
         update={"gpus": [0, 1, 2, 3]})]})
-    _, lines, problems = spare_leased_gpus(given, completed, None, FOUR, HELD)
+    _, lines, problems = spare_leased(given, completed, None, FOUR, HELD)
     assert problems["gpu01"].startswith("GPU 1 is leased by run r0 of bob since 17:00:03 (pid 42); list other GPUs")
     # Not listed and no process count: every GPU of the node, so one another run holds refuses, never 3 ranks.
     assert problems["gpu02"] == (
@@ -161,18 +162,18 @@ def test_a_listed_gpu_another_run_holds_refuses_naming_the_holder() -> None:
 
 def test_unlisted_gpus_with_a_process_count_take_that_many_free_ones() -> None:
     given = inv(TWO_NODES)
-    out, _, problems = spare_leased_gpus(given, given, 2, {"gpu01": range(2), "gpu02": range(4)},
+    out, _, problems = spare_leased(given, given, 2, {"gpu01": range(2), "gpu02": range(4)},
                                          {"gpu02": HELD["gpu02"]})
     assert not problems and out.node("gpu02").gpus == [1, 2]
-    out, _, problems = spare_leased_gpus(given, given, 2, {"gpu02": (2, 3, 5)}, {"gpu02": {2: "run r0"}})
+    out, _, problems = spare_leased(given, given, 2, {"gpu02": (2, 3, 5)}, {"gpu02": {2: "run r0"}})
     assert not problems and out.node("gpu02").gpus == [3, 5]  # the node's own indices, never renumbered
-    out, _, problems = spare_leased_gpus(given, given, 4, {"gpu02": range(4)}, {"gpu02": HELD["gpu02"]})
+    out, _, problems = spare_leased(given, given, 4, {"gpu02": range(4)}, {"gpu02": HELD["gpu02"]})
     assert problems["gpu02"].startswith("4 GPU(s) needed, 3 of 4 free; GPU 0 is leased by run r0")
 
 
 def test_without_leases_a_process_count_above_the_gpus_is_left_as_given() -> None:
     given = inv(TWO_NODES)
-    out, lines, problems = spare_leased_gpus(given, given, 8, {"gpu02": range(4)}, {})
+    out, lines, problems = spare_leased(given, given, 8, {"gpu02": range(4)}, {})
     assert out is given and not lines and not problems
 
 

@@ -29,8 +29,8 @@ from clusterrun.facts.nics import reconcile
 from clusterrun.facts.node import ProbedNode, parse_output, read_facts
 from clusterrun.facts.parsers import ibstat
 from clusterrun.facts.parsers.ibstat import PhysState, PortState
+from clusterrun.gpuchoice import every_gpu
 from clusterrun.inventory.models import Inventory, Nic, NicKind
-from clusterrun.launch.replan import with_found_gpus
 from clusterrun.plan import JobSpec, build_plan
 
 REAL = Path(__file__).parent / "fixtures" / "real"
@@ -182,7 +182,7 @@ def test_doctor_and_up_give_a_one_liner_the_same_gpus(tmp_path: Path, visible: s
     inv = hosts_only("gpu01")
     plan = build_plan(inv, JobSpec(script="train.py", run_id="r1", local_runs_dir=str(tmp_path / "runs")))
 
-    up_inv, _ = with_found_gpus(inv, plan, {"gpu01": probed})
+    up_inv, _ = every_gpu(inv, {"gpu01": probed.gpu_indices()}, plan.job.nproc_per_node is not None)
     doctor_inv = with_probed_gpus(inv, {"gpu01": doctor})
 
     assert list(up_inv.nodes[0].gpus) == list(doctor_inv.nodes[0].gpus) == gpus

@@ -3,9 +3,10 @@
 Doctor gathers facts with one shell command per node (see :mod:`clusterrun.doctor.probe`);
 each tool's output lands in a :class:`Section`. Checks parse sections with the pure
 parsers of :mod:`clusterrun.facts.parsers`, so every check can be tested on recorded
-real output by building :class:`NodeFacts` by hand. The node's NICs, RDMA ports and GPU count
-come from the section ``facts``: the node reporter that ``up``, ``plan --probe`` and ``init`` run too,
-read through the same parser (:attr:`NodeFacts.report`).
+real output by building :class:`NodeFacts` by hand. The node's NICs, RDMA ports and GPUs come from the
+section ``facts``: the node reporter that ``up``, ``plan --probe`` and ``init`` run too, read through the same
+parser (:attr:`NodeFacts.report`); its nvidia-smi calls (the node's one nvidia-smi round) are shown as sections of
+their own (:data:`GPU_SECTIONS`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 
 from clusterrun.doctor.model import Evidence
 from clusterrun.errors import ParseError
+from clusterrun.facts.gpus import NodeGpus
 from clusterrun.facts.node import IP_COMMAND, RDMA_SOURCE, NodeReport, parse_output
+from clusterrun.remote import gpufacts
 
 #: Exit code a section gets when its tool is not installed on the node (as a shell says it).
 MISSING = 127
@@ -25,6 +28,8 @@ MISSING = 127
 FACTS = "facts"
 #: What the reporter's RDMA listing is shown as in the evidence.
 RDMA_COMMAND = f"{RDMA_SOURCE}/*/ports/*"
+#: The sections the reporter's nvidia-smi calls are shown as: section name -> its call.
+GPU_SECTIONS = {"nvidia_smi": "query", "nvidia_apps": "apps", "nvidia_topo": "topo"}
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,10 @@ class NodeFacts:
         return self.error is None
 
     def section(self, name: str) -> Section | None:
-        return self.sections.get(name)
+        """The section ``name``; for a GPU section the probe did not hold, the reporter's call (see
+        :meth:`gpu_section`)."""
+        found = self.sections.get(name)
+        return self.gpu_section(name) if found is None and name in GPU_SECTIONS else found
 
     def output(self, name: str) -> str | None:
         """The section's output when its command succeeded, else None."""
@@ -97,6 +105,23 @@ class NodeFacts:
     def report_problem(self) -> str:
         """Why :attr:`report` is None ("" when it is not)."""
         return self._read_report[1]
+
+    @property
+    def gpus(self) -> NodeGpus | None:
+        """The node's GPUs as the reporter read them (the model ``up`` chooses from); None without nvidia-smi and
+        CUDA_VISIBLE_DEVICES there, or without the reporter's record (:attr:`report_problem`)."""
+        return self.report.gpu if self.report is not None else None
+
+    def gpu_section(self, name: str) -> Section | None:
+        """The reporter's nvidia-smi call ``name`` (a key of :data:`GPU_SECTIONS`) as a section of its own, for
+        evidence: exit 127 where nvidia-smi is not there; None without the reporter's record."""
+        if self.report is None:
+            return None
+        call = self.gpus.calls.get(GPU_SECTIONS[name]) if self.gpus is not None else None
+        if call is None:
+            command = " ".join(gpufacts.commands(gpufacts.TOOL)[GPU_SECTIONS[name]])
+            return Section(name, command, MISSING, f"{gpufacts.TOOL}: not installed")
+        return Section(name, call.command, call.exit_code, call.output.rstrip("\n"))
 
     def ip_section(self) -> Section | None:
         """What the reporter's ``ip -j addr show`` printed, as a section of its own (for evidence)."""

@@ -5,7 +5,8 @@ SSH command returns everything the node checks need. A tool that is not installe
 with exit code 127 (see :data:`clusterrun.doctor.facts.MISSING`), which checks turn into
 "skip: ... not installed" or a failure where the inventory says the tool must be there.
 The inventory python reports itself and torch as JSON (section ``python``); the node's NICs, RDMA
-ports and GPU count come from the node reporter (section ``facts``, see :func:`facts_command`).
+ports and GPUs come from the node reporter (section ``facts``, see :func:`facts_command`): its one nvidia-smi
+round is the one ``up`` reads, so doctor runs no nvidia-smi of its own.
 """
 
 from __future__ import annotations
@@ -19,15 +20,11 @@ from collections.abc import Mapping, Sequence
 from clusterrun import remote
 from clusterrun.doctor.facts import FACTS, MISSING, NodeFacts, Section
 from clusterrun.errors import ClusterrunError
-from clusterrun.facts.parsers import nvidia_smi
 from clusterrun.transport.base import Transport, shell_command, shell_path
 
 #: Seconds each tool may take on the node.
 TOOL_TIMEOUT = 20
 PROBE_TIMEOUT = 90.0
-
-#: Extra nvidia-smi fields doctor asks for beyond the parser's defaults (ECC errors since boot).
-GPU_QUERY_FIELDS: tuple[str, ...] = (*nvidia_smi.GPU_FIELDS, "ecc.errors.uncorrected.volatile.total")
 
 
 #: Section name -> shell command. Order is the order of the report's evidence.
@@ -35,9 +32,6 @@ SECTIONS: dict[str, str] = {
     "uname": "uname -srm",
     "os_release": "cat /etc/os-release",
     "hostname": "hostname",
-    "nvidia_smi": "nvidia-smi --query-gpu=" + ",".join(GPU_QUERY_FIELDS) + " --format=csv,noheader,nounits",
-    "nvidia_apps": " ".join(nvidia_smi.APPS_QUERY),
-    "nvidia_topo": "nvidia-smi topo -m",
     "ibstat": "ibstat",
     "ibv_devinfo": "ibv_devinfo -v",
     # MLNX_OFED's scripts: which netdev each RDMA port drives (-v adds the port's state) and each GID's netdev.

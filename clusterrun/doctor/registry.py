@@ -32,7 +32,6 @@ class Options:
     ping_count: int = 3
     allreduce_mib: float = 16.0
     allreduce_timeout: float = 120.0
-    busy_memory_mib: int = 1024  # a GPU using more than this before the job starts is busy
     path: tuple[str, ...] = ()  # extra directories for tools on the nodes (perftest, infiniband-diags outside PATH)
     ib_seconds: float = 3.0  # each ib_write_bw run (-D)
     inventory_file: str | None = None  # the YAML file the inventory came from: findings about it name file:line

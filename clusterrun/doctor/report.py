@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterrun.doctor.facts import NodeFacts
+from clusterrun.doctor.facts import GPU_SECTIONS, NodeFacts
 from clusterrun.doctor.fold import Folded, fold
 from clusterrun.doctor.model import Finding, PairMeasure, Verdict, worst
 from clusterrun.doctor.registry import Check
@@ -81,8 +81,10 @@ class Report:
             node_dir.mkdir(parents=True, exist_ok=True)
             if facts.error:
                 (node_dir / "error.txt").write_text(facts.error + "\n", encoding="utf-8")
-            # The reporter's `ip -j addr` and RDMA listing also get files of their own, readable without its JSON.
-            derived = [s for s in (facts.ip_section(), facts.rdma_section()) if s and s.name not in facts.sections]
+            # The reporter's `ip -j addr`, RDMA listing and nvidia-smi calls also get files of their own, readable
+            # without its JSON.
+            derived = [s for s in (facts.ip_section(), facts.rdma_section(), *map(facts.gpu_section, GPU_SECTIONS))
+                       if s and s.name not in facts.sections]
             for section in (*facts.sections.values(), *derived):
                 (node_dir / f"{section.name}.txt").write_text(
                     f"$ {section.command}\n# exit {section.exit_code}\n{section.output}\n", encoding="utf-8")

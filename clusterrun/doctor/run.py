@@ -54,10 +54,10 @@ def with_probed_nics(inv: Inventory, facts: dict[str, NodeFacts]) -> Inventory:
 def with_probed_gpus(inv: Inventory, facts: dict[str, NodeFacts]) -> Inventory:
     """Nodes nobody listed GPUs for (one-liners without --gpus) get every GPU their reporter found, as ``up``
     gives them a process each, so the GPU checks look at the GPUs a run would use."""
-    from clusterrun.facts.node import complete_gpus
+    from clusterrun.gpuchoice import every_gpu
 
     offered = {name: f.report.gpu_indices for name, f in facts.items() if f.report is not None}
-    return complete_gpus(inv, offered, nproc_given=False)[0]
+    return every_gpu(inv, offered, nproc_given=False)[0]
 
 
 def run_check(check: Check, ctx: Context) -> list[Finding]:

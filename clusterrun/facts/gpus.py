@@ -6,20 +6,32 @@ raises on what a node said: an nvidia-smi that failed or hung, a topology matrix
 ``CUDA_VISIBLE_DEVICES`` naming GPUs the node does not have become :attr:`NodeGpus.problems`, one sentence
 each naming the node, and the part that could be read is kept. Where nvidia-smi is missing, fails or hangs, the
 node's own ``CUDA_VISIBLE_DEVICES`` is still read (:func:`read_unlisted`): the run keeps the node's limit, never
-renumbers it. Pure.
+renumbers it.
+
+This is the one reading of a node's GPUs: ``up`` chooses from it (:mod:`clusterrun.gpuchoice`) and doctor's GPU
+checks judge it (each nvidia-smi call's exit status and output are kept in :attr:`NodeGpus.calls`, the evidence
+doctor shows); :func:`busy` is the one rule of when a GPU is in use. Pure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.errors import ParseError
 from clusterrun.facts.parsers import nvidia_smi, topo
+from clusterrun.remote import gpufacts
 
-ALLOW_BUSY_FLAG = "--allow-busy-gpus"
-NPROC_FLAG = "--nproc-per-node"
+#: A GPU with more of its memory in use than this (by processes nvidia-smi may not list: another container's)
+#: is busy; so is one with any compute process not of this run, or one this utilised.
+BUSY_MEMORY_MIB = 1024
+BUSY_UTILIZATION_PCT = 50
+#: The uncorrected ECC errors since the driver loaded, as the reporter asks for them.
+ECC_FIELD = "ecc.errors.uncorrected.volatile.total"
+#: The reporter's columns where it did not say them (a reporter from before it asked for the ECC count).
+OLD_FIELDS = ",".join(nvidia_smi.GPU_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,39 @@ class GpuUse:
     memory_total_mib: int | None
     utilization_pct: int | None
     processes: tuple[GpuProcess, ...] = ()
+    driver_version: str | None = None
+    ecc_uncorrected: str | None = None  # nvidia-smi's word for the count (None: not reported or N/A)
+
+
+@dataclass(frozen=True)
+class SmiCall:
+    """One nvidia-smi call as the node reporter ran it: the command, its exit status and output (127 and "not
+    installed" without nvidia-smi), and what went wrong in words without the node's name: ``failure`` (it failed,
+    or printed nvidia-smi's own failure) or ``unread`` (it answered with what clusterrun cannot read)."""
+
+    command: str
+    exit_code: int
+    output: str
+    failure: str | None = None
+    unread: str | None = None
+
+
+def busy(gpu: GpuUse, run_id: str = "") -> str | None:
+    """Why ``gpu`` is busy, or None when it is idle: the one rule of ``up`` and ``doctor``. Busy: a compute
+    process not of run ``run_id`` (the run's own, on a restart, do not count), else more than
+    :data:`BUSY_MEMORY_MIB` in use by processes nvidia-smi does not list, else at least
+    :data:`BUSY_UTILIZATION_PCT` % utilisation."""
+    others = [p for p in gpu.processes if not (run_id and p.run_id == run_id)]
+    if others:
+        return "busy: " + "; ".join(p.describe() for p in others)
+    if len(others) < len(gpu.processes):
+        return None  # what is in use is this run's own
+    if gpu.memory_used_mib is not None and gpu.memory_used_mib > BUSY_MEMORY_MIB:
+        total = f" of {gpu.memory_total_mib}" if gpu.memory_total_mib else ""
+        return f"busy: {gpu.memory_used_mib}{total} MiB in use by processes nvidia-smi does not list"
+    if gpu.utilization_pct is not None and gpu.utilization_pct >= BUSY_UTILIZATION_PCT:
+        return f"busy: {gpu.utilization_pct} % utilised"
+    return None
 
 
 @dataclass(frozen=True)
@@ -75,6 +120,8 @@ class NodeGpus:
     problems: tuple[str, ...] = ()
     names: tuple[str, ...] = ()
     smi: bool = True
+    calls: Mapping[str, SmiCall] = field(default_factory=dict, compare=False)  # "query", "apps", "topo"
+    ecc_queried: bool = False  # nvidia-smi printed the ECC counts
 
     @property
     def node_env(self) -> bool:
@@ -146,33 +193,19 @@ def read_unlisted(value: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
     return (), tuple(entries)
 
 
-def whole_node(node_gpus: Sequence[int], in_way: Sequence[str], idle: int, *, busy: bool, leased: bool) -> str:
-    """Why a run without a process count cannot start on a node (it takes every GPU the node allows,
-    ``node_gpus``): ``in_way``, each GPU that is busy or leased in words; and the ways out: ``--nproc-per-node``
-    with ``idle`` (the fewest idle GPUs of a node), and ``--allow-busy-gpus`` or ``up --wait-gpus``."""
-    whole = f"without a process count the run takes every GPU the node allows ({span(node_gpus)}), one process each"
-    if busy:
-        why = f"{whole}, and one busy GPU slows every rank of the job" + (
-            " (and two runs never share a GPU)" if leased else "")
-    else:
-        why = f"two runs never share a GPU, and {whole}"
-    outs = [f"`{NPROC_FLAG} {idle}` takes the {idle} best idle GPU{'s' if idle > 1 else ''} on every node"
-            ] if idle else []
-    outs.append(f"add {ALLOW_BUSY_FLAG} to use busy GPUs anyway" if busy else "`up --wait-gpus` waits until they are free")
-    return f"{'; '.join(in_way)}; {why}: {', or '.join(outs)}"
-
-
-def _processes(text: str, owners: Mapping[str, Any]) -> dict[str, list[GpuProcess]]:
+def _processes(text: str, owners: Mapping[str, Any]) -> tuple[dict[str, list[GpuProcess]], str | None]:
+    """The compute processes by GPU UUID, and nvidia-smi's own failure where it printed one. Raises
+    :class:`ParseError` on what clusterrun cannot read."""
     apps = nvidia_smi.parse_compute_apps(text)
     if apps.error:
-        raise ParseError(nvidia_smi.TOOL, apps.error)
+        return {}, apps.error
     by_uuid: dict[str, list[GpuProcess]] = {}
     for p in apps.processes:
         owner = owners.get(str(p.pid)) if isinstance(owners, Mapping) else None
         owner = owner if isinstance(owner, Mapping) else {}
         by_uuid.setdefault(p.gpu_uuid or "", []).append(GpuProcess(
             p.pid, p.process_name or "", p.used_memory_mib, owner.get("user") or None, owner.get("run_id") or None))
-    return by_uuid
+    return by_uuid, None
 
 
 def resolve_visible(value: str, gpus: Sequence[GpuUse]) -> tuple[tuple[int, ...], tuple[str, ...], str | None]:
@@ -198,6 +231,33 @@ def resolve_visible(value: str, gpus: Sequence[GpuUse]) -> tuple[tuple[int, ...]
     return tuple(indices), tuple(mig), None
 
 
+def _tail(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def _failed(raw: Mapping[str, Any], key: str, command: str, fields: tuple[str, ...]) -> SmiCall:
+    """The call ``key`` that did not answer: its exit status and output as the reporter kept them."""
+    code = raw.get(f"{key}_exit")
+    output = raw.get(f"{key}_output")
+    output = output if isinstance(output, str) else str(raw.get(f"{key}_error") or "")
+    code = code if isinstance(code, int) and not isinstance(code, bool) else 1
+    said = None
+    if key == "query":
+        try:  # nvidia-smi's own words for its failure, where it printed them
+            said = nvidia_smi.parse(output, fields).error
+        except ParseError:
+            said = None
+    what = "`nvidia-smi topo -m`" if key == "topo" else "nvidia-smi"
+    failure = f"nvidia-smi failed: {said}" if said else f"{what} exited {code}: {_tail(output)}"
+    return SmiCall(command, code, output, failure)
+
+
+def _missing(commands: Mapping[str, str]) -> dict[str, SmiCall]:
+    return {key: SmiCall(command, gpufacts.NOT_FOUND, f"{nvidia_smi.TOOL}: not installed",
+                         "nvidia-smi not installed") for key, command in commands.items()}
+
+
 def parse(node: str, raw: Mapping[str, Any] | None) -> NodeGpus | None:
     """The node's GPUs from its reporter's ``gpu`` part; None when it sent no such part (no nvidia-smi there and
     no CUDA_VISIBLE_DEVICES set)."""
@@ -206,43 +266,69 @@ def parse(node: str, raw: Mapping[str, Any] | None) -> NodeGpus | None:
     problems: list[str] = []
     gpus: list[GpuUse] = []
     smi = raw.get("smi") is not None
+    said = raw.get("fields")
+    fields = tuple((said if isinstance(said, str) and said else OLD_FIELDS).split(","))
+    commands = {key: " ".join(argv) for key, argv in gpufacts.commands(nvidia_smi.TOOL, ",".join(fields)).items()}
+    calls = {} if smi else _missing(commands)
     query = raw.get("query")
-    answered = False  # nvidia-smi listed the GPUs (perhaps none)
+    answered = ecc_queried = False  # nvidia-smi listed the GPUs (perhaps none); and their ECC counts
     if isinstance(query, str):
+        failure = unread = None
         try:
-            parsed = nvidia_smi.parse(query)
+            parsed = nvidia_smi.parse(query, fields)
             if parsed.error:
                 problems.append(f"{node}: nvidia-smi failed: {parsed.error}")
+                failure = f"nvidia-smi failed: {parsed.error}"
             answered = not parsed.error
-            gpus = [GpuUse(g.index, g.uuid, g.name, g.memory_used_mib, g.memory_total_mib, g.utilization_gpu_pct)
-                    for g in parsed.gpus if g.index is not None]
+            # Rows come in index order: without an index column (a recording), the position is the index.
+            gpus = [GpuUse(n if g.index is None else g.index, g.uuid, g.name, g.memory_used_mib, g.memory_total_mib,
+                           g.utilization_gpu_pct, driver_version=g.driver_version, ecc_uncorrected=g.value(ECC_FIELD))
+                    for n, g in enumerate(parsed.gpus)]
+            ecc_queried = any(ECC_FIELD in dict(g.values) for g in parsed.gpus)
         except ParseError as exc:
             problems.append(f"{node}: nvidia-smi --query-gpu printed what clusterrun cannot read ({exc})")
+            unread = str(exc)
+        calls["query"] = SmiCall(commands["query"], 0, query, failure, unread)
     elif smi:
         problems.append(f"{node}: nvidia-smi --query-gpu failed: {raw.get('query_error') or 'no output'}")
+        calls["query"] = _failed(raw, "query", commands["query"], fields)
     apps_known = False
     apps = raw.get("apps")
     if isinstance(apps, str):
+        failure = unread = None
         try:
-            by_uuid = _processes(apps, raw.get("owners") or {})
-            gpus = [GpuUse(g.index, g.uuid, g.name, g.memory_used_mib, g.memory_total_mib, g.utilization_pct,
-                           tuple(by_uuid.get(g.uuid or "", ()))) for g in gpus]
-            apps_known = True
+            by_uuid, failure = _processes(apps, raw.get("owners") or {})
+            if failure:
+                failure = f"nvidia-smi failed: {failure}"
+                problems.append(f"{node}: nvidia-smi --query-compute-apps: {failure}; GPUs judged by their memory "
+                                "in use")
+            else:
+                gpus = [dataclasses.replace(g, processes=tuple(by_uuid.get(g.uuid or "", ()))) for g in gpus]
+                apps_known = True
         except ParseError as exc:
+            unread = str(exc)
             problems.append(f"{node}: nvidia-smi --query-compute-apps printed what clusterrun cannot read ({exc}); "
                             "GPUs judged by their memory in use")
-    elif gpus:
-        problems.append(f"{node}: nvidia-smi --query-compute-apps failed: {raw.get('apps_error') or 'no output'}; "
-                        "GPUs judged by their memory in use")
+        calls["apps"] = SmiCall(commands["apps"], 0, apps, failure, unread)
+    elif smi:
+        if gpus:
+            problems.append(f"{node}: nvidia-smi --query-compute-apps failed: {raw.get('apps_error') or 'no output'}; "
+                            "GPUs judged by their memory in use")
+        calls["apps"] = _failed(raw, "apps", commands["apps"], fields)
     topology = None
     text = raw.get("topo")
     if isinstance(text, str):
+        unread = None
         try:
             topology = topo.parse(text)
         except (ParseError, ValueError, IndexError) as exc:  # whatever a broken matrix makes of the parser: a line
             problems.append(f"{node}: nvidia-smi topo -m did not parse ({exc})")
-    elif gpus:
-        problems.append(f"{node}: nvidia-smi topo -m failed: {raw.get('topo_error') or 'no output'}")
+            unread = str(exc)
+        calls["topo"] = SmiCall(commands["topo"], 0, text, None, unread)
+    elif smi:
+        if gpus:
+            problems.append(f"{node}: nvidia-smi topo -m failed: {raw.get('topo_error') or 'no output'}")
+        calls["topo"] = _failed(raw, "topo", commands["topo"], fields)
     visible = raw.get("visible")
     allowed, mig, names = None, (), ()
     if isinstance(visible, str) and not gpus and not answered:
@@ -257,4 +343,4 @@ def parse(node: str, raw: Mapping[str, Any] | None) -> NodeGpus | None:
                             f"this node (nvidia-smi lists {span([g.index for g in gpus])}); CUDA ignores it and what "
                             f"follows: {kept}")
     return NodeGpus(node, tuple(gpus), allowed, visible if isinstance(visible, str) else None, mig, topology,
-                    apps_known, tuple(problems), names, smi)
+                    apps_known, tuple(problems), names, smi, calls, ecc_queried)

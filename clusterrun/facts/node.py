@@ -4,20 +4,19 @@ Every command that needs to know what a node has runs the same node-side reporte
 (``clusterrun/remote/nodefacts.py``): ``up`` in its ready check, ``plan --probe``, ``init``, and doctor.
 :func:`parse_report` turns what it printed into a :class:`NodeReport`; ``up``/``plan``/``init`` read the
 network part as :class:`NetFacts` (see :func:`read_facts`), doctor's checks read the whole record; both give
-nodes nobody listed GPUs for the ones the reporter counted (:func:`complete_gpus`). Pure.
+nodes nobody listed GPUs for the ones the reporter counted (:func:`clusterrun.gpuchoice.every_gpu`). Pure.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.errors import ParseError
 from clusterrun.facts import gpus as gpu_facts
 from clusterrun.facts.parsers import ibstat, ip
-from clusterrun.inventory.models import Inventory
 
 TOOL = "nodefacts"
 #: The line the reporter prints (remote/nodefacts.py LINE).
@@ -214,26 +213,3 @@ def read_facts(nodes: Mapping[str, ProbedNode]) -> tuple[dict[str, NetFacts], li
         except ParseError as exc:  # no usable `ip` there: that node is planned from the inventory alone
             unknown.append(f"{name}: its NICs could not be read ({exc}); planned from the inventory alone")
     return facts, unknown, {name: r.ssh_address for name, r in nodes.items() if r.ssh_address}
-
-
-def complete_gpus(inv: Inventory, offered: Mapping[str, Sequence[int] | None],
-                  nproc_given: bool) -> tuple[Inventory, list[str]]:
-    """Nodes whose GPUs nobody listed (a one-liner without --gpus, an inventory node without ``gpus``) and whose
-    process count nobody set (``nproc_given``: a command-line count) get every GPU the node sees (``offered``: the
-    physical indices the reporter found, :attr:`NodeReport.gpu_indices`), one process each, as ``torchrun
-    --nproc-per-node gpu`` does. Returns the inventory so completed and a line per node that was."""
-    if nproc_given or inv.defaults.nproc_per_node is not None:
-        return inv, []
-    nodes, found = [], []
-    for node in inv.nodes:
-        indices = offered.get(node.name)
-        if node.gpus or node.nproc_per_node is not None or not indices:
-            if indices is not None and not indices and "gpus" not in node.model_fields_set \
-                    and node.nproc_per_node is None:
-                found.append(f"{node.name}: no GPU seen: one CPU process (--nproc-per-node for more)")
-            nodes.append(node)
-            continue
-        nodes.append(node.model_copy(update={"gpus": list(indices)}))
-        found.append(f"{node.name}: {len(indices)} GPU(s) seen, one process each (gpus: {gpu_facts.span(indices)})")
-    changed = any(a is not b for a, b in zip(nodes, inv.nodes, strict=True))
-    return (inv.model_copy(update={"nodes": nodes}) if changed else inv), found

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 
 from clusterrun import gpuchoice, remote
 from clusterrun.errors import ClusterrunError, GpusLeased, PlanError, StartError
-from clusterrun.facts.gpus import NodeGpus, span
-from clusterrun.facts.leases import WAIT_HINT, held_gpus, spare_leased_gpus
+from clusterrun.facts.gpus import NodeGpus
+from clusterrun.facts.leases import held_gpus
 from clusterrun.facts.nics import reconcile
-from clusterrun.facts.node import LINE, ProbedNode, complete_gpus, read_facts
+from clusterrun.facts.node import LINE, ProbedNode, read_facts
 from clusterrun.inventory.models import Inventory
 from clusterrun.plan import CPU_BIND_VAR, EnvVar, JobSpec, LaunchPlan, NodePlan, build_plan
 from clusterrun.transport.base import Transport
@@ -23,9 +23,6 @@ from clusterrun.transport.fanout import on_every_node
 
 MISMATCH_HINT = ("the inventory and the nodes disagree: fix the inventory (or the node); `clusterrun doctor "
                  "<inventory> --checks nic` shows every NIC; no node was started")
-GPU_HINT = "no node was started; `clusterrun plan --probe` shows each node's GPUs (docs/gpus.md: how they are chosen)"
-#: Held GPUs of each node: GPU index -> the run that holds it (see gpuchoice.choose).
-Held = Mapping[str, Mapping[int, str]]
 
 
 def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, ProbedNode]:
@@ -47,27 +44,6 @@ def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, P
     if problems:
         raise StartError(problems, hint="the nodes named could not be probed")
     return out
-
-
-def with_found_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, list[str]]:
-    """The inventory with every GPU each node sees where nobody listed its GPUs or set its process count (see
-    :func:`clusterrun.facts.node.complete_gpus`), and a line per node that was completed."""
-    return complete_gpus(inv, {name: r.gpu_indices() for name, r in ready.items()}, plan.job.nproc_per_node is not None)
-
-
-def with_free_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode],
-                   held: Held) -> tuple[Inventory, list[str]]:
-    """For the nodes whose nvidia-smi did not describe their GPUs: the inventory with every GPU each node sees
-    where nobody listed its GPUs (:func:`with_found_gpus`), with a process count that many none of them leased
-    by another run (``held``, see :func:`clusterrun.facts.leases.spare_leased_gpus`), and a line per node so
-    completed. Raises :class:`GpusLeased` naming each node, GPU and holder where the run cannot have the GPUs it
-    needs (without a process count: any GPU of the node that another run holds)."""
-    completed, found = with_found_gpus(inv, plan, ready)
-    completed, spared, leased = spare_leased_gpus(inv, completed, plan.job.nproc_per_node,
-                                                  {name: r.gpu_indices() for name, r in ready.items()}, held)
-    if leased:
-        raise GpusLeased(leased, hint="no node was started")
-    return completed, [*found, *spared]
 
 
 def with_master_port(plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[JobSpec, list[str]]:
@@ -100,75 +76,9 @@ def with_slurm_topology(inv: Inventory, job: JobSpec, ready: Mapping[str, Probed
     return inv.model_copy(update={"nodes": nodes}), dataclasses.replace(job, rank_order=f"label:{SLURM_SWITCH}")
 
 
-def _binding_line(node: str, choice: gpuchoice.GpuChoice) -> str:
-    groups: dict[str, list[int]] = {}
-    for gpu, bound in zip(choice.gpus, choice.bindings, strict=True):
-        if bound is not None:
-            where = f"CPUs {gpuchoice.cpu_list(bound.cpus)}" + ("" if bound.numa is None else f", NUMA node {bound.numa}")
-            groups.setdefault(where, []).append(gpu)
-    return f"{node}: each rank on its GPU's CPUs (--cpu-bind numa): " + "; ".join(
-        f"GPU {span(gpus)} on {where}" for where, gpus in groups.items())
-
-
-def _readable(ready: Mapping[str, ProbedNode], planned: set[str]) -> dict[str, NodeGpus]:
-    """The GPU facts of each planned node that says which GPUs a run may take: nvidia-smi listed them, or it could
-    not but the node's CUDA_VISIBLE_DEVICES limits a node that has GPUs (the reporter counted some)."""
-    out: dict[str, NodeGpus] = {}
-    for name, r in ready.items():
-        facts = r.gpu_facts() if name in planned else None
-        if facts is not None and (facts.gpus or (facts.limited and r.gpus != 0)):
-            out[name] = facts
-    return out
-
-
-def choose_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode],
-                held: Held) -> tuple[Inventory, list[str], list[str], dict[str, tuple[EnvVar, ...]]]:
-    """Each node's GPUs from what it reported (:func:`clusterrun.gpuchoice.choose`): the inventory with them, a line
-    per node saying which and why, warnings, and the variables they give each node (CUDA_DEVICE_ORDER, the CPU
-    binding, the node's own CUDA_VISIBLE_DEVICES where it names GPUs that cannot be numbered). A node whose GPUs
-    nvidia-smi could not list is chosen for within its own CUDA_VISIBLE_DEVICES where that is set, else left as it
-    was (a warning says so). Raises :class:`StartError` naming every node that cannot give the run its GPUs,
-    :class:`GpusLeased` when only GPUs other runs hold are in the way."""
-    job, planned = plan.job, {n.name for n in plan.nodes}
-    readable = _readable(ready, planned)
-    fewest = min((gpuchoice.idle_count(f, held.get(n, {}), job.run_id) for n, f in readable.items()), default=None)
-    nodes, lines, warnings, env, refused = [], [], [], {}, {}
-    leased = True  # every refusal is of GPUs other runs hold: `up --wait-gpus` may wait for them
-    for node in inv.nodes:
-        facts = readable.get(node.name)
-        if facts is None:
-            unread = ready[node.name].gpu_facts() if node.name in ready and node.name in planned else None
-            if unread is not None and unread.smi:
-                warnings += [*unread.problems, f"{node.name}: its GPUs could not be read: planned in plain order"]
-            nodes.append(node)
-            continue
-        count = job.nproc_per_node or node.nproc_per_node or inv.defaults.nproc_per_node
-        try:
-            choice = gpuchoice.choose(facts, listed=node.gpus, count=count, held=held.get(node.name, {}),
-                                      run_id=job.run_id, allow_busy=job.allow_busy_gpus, networked=plan.nnodes > 1,
-                                      fewest_idle=fewest)
-        except gpuchoice.GpuRefused as exc:
-            refused[node.name] = exc.reason
-            leased = leased and exc.leased
-            nodes.append(node)
-            continue
-        update: dict[str, object] = {"gpus": list(choice.gpus)}
-        if choice.node_env and count is None:
-            update["nproc_per_node"] = len(facts.mig or facts.names)
-        nodes.append(node.model_copy(update=update))
-        lines += [choice.note] if choice.note else []
-        warnings += choice.warnings
-        env[node.name] = _gpu_env(node.name, facts, choice, job.cpu_bind, lines)
-    if refused:
-        if leased:
-            raise GpusLeased(refused, hint=f"no node was started; {WAIT_HINT}")
-        raise StartError(refused, hint=GPU_HINT)
-    return inv.model_copy(update={"nodes": nodes}), lines, warnings, env
-
-
-def _gpu_env(node: str, facts: NodeGpus, choice: gpuchoice.GpuChoice, cpu_bind: str,
-             lines: list[str]) -> tuple[EnvVar, ...]:
-    """The variables a node's GPU choice gives it (and the binding's line, added to ``lines``)."""
+def _gpu_env(facts: NodeGpus, choice: gpuchoice.GpuChoice, cpu_bind: str) -> tuple[EnvVar, ...]:
+    """The variables a node's GPU choice gives it (CUDA_DEVICE_ORDER, the CPU binding, the node's own
+    CUDA_VISIBLE_DEVICES where it names GPUs that cannot be numbered)."""
     found: list[EnvVar] = []
     if choice.node_env and facts.visible is not None:
         # Set as the node sets it: so that a container, whose GPUs follow the plan's value, gets them too.
@@ -181,13 +91,12 @@ def _gpu_env(node: str, facts: NodeGpus, choice: gpuchoice.GpuChoice, cpu_bind: 
     bind = choice.cpu_bind() if cpu_bind == "numa" else None
     if bind:
         found.append(EnvVar(CPU_BIND_VAR, bind, "clusterrun:cpu-bind"))
-        lines.append(_binding_line(node, choice))
     return tuple(found)
 
 
 def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, LaunchPlan]:
-    """The inventory completed with the nodes' GPUs (:func:`choose_gpus`, clear of the GPUs other runs lease;
-    for nodes nvidia-smi could not describe, :func:`with_free_gpus`) and network facts, and the plan made from it
+    """The inventory completed with the nodes' GPUs (:func:`clusterrun.gpuchoice.for_run`, clear of the GPUs
+    other runs lease and of busy ones) and network facts, and the plan made from it
     with the master port the master chose. A single node's NICs are not looked at (its ranks talk over loopback).
     Raises :class:`StartError` naming each node that cannot give the run its GPUs, or whose listed NICs,
     addresses or RDMA ports are not what the node has; :class:`GpusLeased` naming the GPUs other runs hold that
@@ -195,17 +104,18 @@ def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, Probed
     """
     given = inv
     held = held_gpus({name: r.leases for name, r in ready.items() if r.leases}, plan.run_id)
-    inv, chosen, gpu_warnings, gpu_env = choose_gpus(inv, plan, ready, held)
-    inv, found = with_free_gpus(inv, plan, {n: r for n, r in ready.items() if n not in gpu_env}, held)
+    gpus = gpuchoice.for_run(inv, plan, ready, held)
+    inv, gpu_warnings = gpus.inventory, gpus.warnings
+    gpu_env = {node: _gpu_env(facts, choice, plan.job.cpu_bind) for node, (facts, choice) in gpus.choices.items()}
     job, port = with_master_port(plan, ready)
-    probed = (*chosen, *found, *port)
+    probed = (*gpus.lines, *port)
     if plan.nnodes < 2:
         if not probed and not gpu_warnings and not gpu_env and inv is given and job is plan.job:
             return inv, plan
         try:
             new = build_plan(inv, job, probed=(*plan.probed, *probed), gpu_env=gpu_env)
         except PlanError as exc:
-            raise StartError({"plan": str(exc)}, hint=GPU_HINT) from None
+            raise StartError({"plan": str(exc)}, hint=gpuchoice.GPU_HINT) from None
         return inv, dataclasses.replace(new, warnings=(*new.warnings, *gpu_warnings))
     inv, job = with_slurm_topology(inv, job, ready)
     facts, unknown, ssh = read_facts(ready)

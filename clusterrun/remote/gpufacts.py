@@ -5,10 +5,15 @@ here (``clusterrun.facts.gpus`` reads them with the parsers clusterrun tests on 
 
     {"smi": <path of nvidia-smi>,
      "visible": <CUDA_VISIBLE_DEVICES in this environment, or null when it is not set>,
+     "fields": <the FIELDS of the query, which name its columns>,
      "query": <--query-gpu=FIELDS --format=csv,noheader,nounits>,   or "query_error": why not
      "apps": <--query-compute-apps=FIELDS --format=csv,noheader,nounits>,   or "apps_error"
      "topo": <topo -m>,   or "topo_error"
      "owners": {pid: {"user": name, "run_id": CLUSTERRUN_RUN_ID or null}}}   # of the compute processes
+
+A call that failed also leaves ``<call>_exit`` (its exit status; 124 when it hung, 126 when it could not run)
+and ``<call>_output`` (what it printed, at most OUTPUT_LIMIT characters): the evidence doctor shows. This is
+the one nvidia-smi round of a node, for ``up`` and ``doctor`` alike (doctor's GPU checks read the ECC count too).
 
 The three calls run at once, each bounded by ``timeout``: a hung or failing nvidia-smi is reported as a
 sentence, never waited on for ever and never a crash. Without nvidia-smi, only ``{"smi": null, "visible": ...}``
@@ -21,21 +26,28 @@ import subprocess
 import time
 
 #: What is asked of each GPU and process: the fields of clusterrun.facts.parsers.nvidia_smi (GPU_FIELDS,
-#: APP_FIELDS), in the same order, since without a header the order names the columns.
-GPU_FIELDS = "index,uuid,name,pci.bus_id,driver_version,memory.total,memory.used,utilization.gpu"
+#: APP_FIELDS), in the same order, then the uncorrected ECC errors since the driver loaded (doctor's gpu.ecc).
+#: Without a header the order names the columns: the report carries the fields.
+GPU_FIELDS = "index,uuid,name,pci.bus_id,driver_version,memory.total,memory.used,utilization.gpu," \
+             "ecc.errors.uncorrected.volatile.total"
 APP_FIELDS = "gpu_uuid,pid,process_name,used_memory"
 TIMEOUT = 10.0
+TOOL = "nvidia-smi"
+OUTPUT_LIMIT = 4000
+#: The exit status a call that hung, could not run or was not found is given (as timeout(1) and a shell give them).
+HUNG, CANNOT_RUN, NOT_FOUND = 124, 126, 127
 RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 
 
-def _commands(tool):
-    return {"query": [tool, "--query-gpu=" + GPU_FIELDS, "--format=csv,noheader,nounits"],
+def commands(tool, fields=GPU_FIELDS):
+    """The argv of each call: ``query`` (the GPUs' ``fields``), ``apps`` (the compute processes), ``topo``."""
+    return {"query": [tool, "--query-gpu=" + fields, "--format=csv,noheader,nounits"],
             "apps": [tool, "--query-compute-apps=" + APP_FIELDS, "--format=csv,noheader,nounits"],
             "topo": [tool, "topo", "-m"]}
 
 
 def _finish(proc, deadline, timeout):
-    """(stdout, None) when the command ended well, else (None, why)."""
+    """(stdout, None, None, "") when the command ended well, else (None, why, exit status, what it printed)."""
     try:
         out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
@@ -44,11 +56,13 @@ def _finish(proc, deadline, timeout):
             proc.communicate(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass
-        return None, "no answer within %gs (nvidia-smi hangs: a stuck driver or GPU?)" % timeout
+        return None, "no answer within %gs (nvidia-smi hangs: a stuck driver or GPU?)" % timeout, HUNG, ""
     if proc.returncode != 0:
-        words = (out.strip() + " " + err.strip()).strip().splitlines()
-        return None, "exit %d: %s" % (proc.returncode, words[-1][:300] if words else "no output")
-    return out, None
+        printed = (out.strip() + "\n" + err.strip()).strip()
+        words = printed.splitlines()
+        return (None, "exit %d: %s" % (proc.returncode, words[-1][:300] if words else "no output"), proc.returncode,
+                printed[-OUTPUT_LIMIT:])
+    return out, None, None, ""
 
 
 def _owner(pid):
@@ -94,26 +108,27 @@ def gather(environ=None, timeout=TIMEOUT, tool=None):
     """The node's GPUs in nvidia-smi's words (see the module's docstring); without nvidia-smi, the node's
     CUDA_VISIBLE_DEVICES alone, or None where it is not set."""
     environ = os.environ if environ is None else environ
-    tool = tool or shutil.which("nvidia-smi", path=environ.get("PATH"))
+    tool = tool or shutil.which(TOOL, path=environ.get("PATH"))
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if tool is None:
         return None if visible is None else {"smi": None, "visible": visible}
-    out = {"smi": tool, "visible": visible}
+    out = {"smi": tool, "visible": visible, "fields": GPU_FIELDS}
     env = dict(environ, LC_ALL="C")
     started = time.monotonic()
     procs = {}
-    for key, argv in _commands(tool).items():
+    for key, argv in commands(tool).items():
         try:
             procs[key] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           stdin=subprocess.DEVNULL, universal_newlines=True, env=env)
         except OSError as exc:
             out[key + "_error"] = "cannot run %s: %s" % (tool, exc.strerror or exc)
+            out[key + "_exit"], out[key + "_output"] = CANNOT_RUN, out[key + "_error"]
     deadline = started + timeout
     for key, proc in procs.items():
-        text, error = _finish(proc, deadline, timeout)
+        text, error, code, printed = _finish(proc, deadline, timeout)
         if error is None:
             out[key] = text
         else:
-            out[key + "_error"] = error
+            out[key + "_error"], out[key + "_exit"], out[key + "_output"] = error, code, printed
     out["owners"] = owners(out.get("apps") or "")
     return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterrun.doctor.facts import NodeFacts, Section
+from clusterrun.doctor.facts import GPU_SECTIONS, NodeFacts, Section
 from clusterrun.doctor.probe import SECTIONS
 from clusterrun.errors import ParseError
 from clusterrun.facts.parsers import topo
@@ -101,7 +101,7 @@ def _facts(directory: Path, node: str) -> NodeFacts:
     sections = {}
     for path in sorted(where.glob("*.txt")):
         s = _section(path)
-        if s is not None and (s.name in SECTIONS or s.name in ("facts", "python")):
+        if s is not None and (s.name in SECTIONS or s.name in ("facts", "python", *GPU_SECTIONS)):
             sections[s.name] = s
     return NodeFacts(node, sections)
 

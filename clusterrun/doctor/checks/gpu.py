@@ -1,6 +1,7 @@
 """GPU checks: nvidia-smi works, and the GPUs the inventory lists (the only ones the job uses) exist, match,
-are idle, have no ECC errors and sit well in the PCIe/NUMA topology. Pure: they read the ``nvidia_smi``,
-``nvidia_apps`` and ``nvidia_topo`` sections of each node's probe."""
+are idle, have no ECC errors and sit well in the PCIe/NUMA topology. Pure: they read each node's GPUs as its
+reporter said them (:attr:`NodeFacts.gpus`, the model ``up`` chooses from), judge a GPU busy by the rule ``up``
+applies (:func:`clusterrun.facts.gpus.busy`), and show the reporter's nvidia-smi calls as evidence."""
 
 from __future__ import annotations
 
@@ -11,17 +12,14 @@ from itertools import combinations
 
 from clusterrun.doctor.facts import NodeFacts, Section
 from clusterrun.doctor.model import Finding, Scope, Verdict
-from clusterrun.doctor.probe import GPU_QUERY_FIELDS
 from clusterrun.doctor.registry import Context, check
-from clusterrun.errors import ParseError, PlanError
-from clusterrun.facts.parsers import nvidia_smi, topo
-from clusterrun.facts.parsers.nvidia_smi import Gpu, GpuProcess
+from clusterrun.errors import PlanError
+from clusterrun.facts.gpus import BUSY_MEMORY_MIB, BUSY_UTILIZATION_PCT, GpuUse, NodeGpus, busy
 from clusterrun.facts.parsers.topo import LinkKind
 from clusterrun.inventory.hostlist import compress_numbers
 from clusterrun.inventory.models import Node
 from clusterrun.network import resolve_data_network
 
-ECC_FIELD = "ecc.errors.uncorrected.volatile.total"
 NEEDS = "nodes with GPUs listed in the inventory"
 UNPARSED_HINT = ("run the command on the node by hand; if its output looks right, report it together with this "
                  "evidence so doctor learns to read it")
@@ -34,37 +32,28 @@ class _Smi:
     """What nvidia-smi said on one node: GPUs by index, or why there are none."""
 
     section: Section | None
-    gpus: dict[int, Gpu] = field(default_factory=dict)
+    gpus: dict[int, GpuUse] = field(default_factory=dict)
     problem: str | None = None  # in words, without the node name
     unparsed: bool = False  # output doctor does not recognise (a warning, not a failure)
+    facts: NodeGpus | None = None
 
-    def listed(self, node: Node) -> list[tuple[int, Gpu]]:
+    def listed(self, node: Node) -> list[tuple[int, GpuUse]]:
         return [(i, self.gpus[i]) for i in node.gpus if i in self.gpus]
-
-
-def _tail(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
 
 
 def _read_smi(facts: NodeFacts) -> _Smi:
     section = facts.section("nvidia_smi")
     if section is None:
-        return _Smi(None, problem="the probe has no nvidia-smi output")
-    if section.missing:
+        return _Smi(None, problem=f"no GPU facts: {facts.report_problem}")
+    gpus = facts.gpus
+    call = gpus.calls.get("query") if gpus is not None else None
+    if gpus is None or call is None or section.missing:
         return _Smi(section, problem="nvidia-smi not installed")
-    try:
-        query = nvidia_smi.parse(section.output, GPU_QUERY_FIELDS)
-    except ParseError as exc:
-        if section.ok:
-            return _Smi(section, problem=str(exc), unparsed=True)
-        query = None
-    if query is not None and query.error:
-        return _Smi(section, problem=f"nvidia-smi failed: {query.error}")
-    if query is None or not section.ok:
-        return _Smi(section, problem=f"nvidia-smi exited {section.exit_code}: {_tail(section.output)}")
-    # Rows come in index order: without an index column, the position is the index.
-    return _Smi(section, {g.index if g.index is not None else n: g for n, g in enumerate(query.gpus)})
+    if call.unread:
+        return _Smi(section, problem=call.unread, unparsed=True)
+    if call.failure:
+        return _Smi(section, problem=call.failure)
+    return _Smi(section, {g.index: g for g in gpus.gpus}, facts=gpus)
 
 
 def _finding(name: str, verdict: Verdict, node: str | None, summary: str, *sections: Section | None,
@@ -97,7 +86,7 @@ def _gpu_list(names: Iterable[str]) -> str:
     return "GPU" + compress_numbers(int(g[3:]) for g in names)
 
 
-def _models(gpus: Iterable[Gpu]) -> str:
+def _models(gpus: Iterable[GpuUse]) -> str:
     return " + ".join(sorted({g.name or "unknown model" for g in gpus}))
 
 
@@ -220,60 +209,50 @@ def gpu_model(ctx: Context) -> Iterator[Finding]:
                              "drivers": {n: d for n, (d, _) in drivers.items()}})
 
 
-def _read_apps(facts: NodeFacts) -> tuple[Section | None, tuple[GpuProcess, ...] | None, str | None]:
-    """(section, processes or None when unknown, parse error)."""
-    section = facts.section("nvidia_apps")
-    if section is None or not section.ok:
-        return section, None, None
-    try:
-        apps = nvidia_smi.parse_compute_apps(section.output)
-    except ParseError as exc:
-        return section, None, str(exc)
-    return section, (None if apps.error else apps.processes), None
-
-
 @check("gpu.busy", "no listed GPU is in use before the job starts", Scope.node, needs=NEEDS)
 def gpu_busy(ctx: Context) -> Iterator[Finding]:
-    name, limit = "gpu.busy", ctx.options.busy_memory_mib
+    name, limit = "gpu.busy", BUSY_MEMORY_MIB
     for node in ctx.reachable():
         facts = ctx.facts[node.name]
         smi = _gpu_node(name, node, facts)
         if isinstance(smi, Finding):
             yield smi
             continue
-        n, listed = node.name, smi.listed(node)
-        apps_section, processes, apps_error = _read_apps(facts)
-        if apps_error:
-            yield _finding(name, Verdict.warned, n, f"{n}: cannot read the compute process list: {apps_error}",
+        n, listed, gpus = node.name, smi.listed(node), smi.facts
+        assert gpus is not None  # a node with readable GPUs has their facts
+        apps_section, apps = facts.section("nvidia_apps"), gpus.calls.get("apps")
+        if apps is not None and apps.unread:
+            yield _finding(name, Verdict.warned, n, f"{n}: cannot read the compute process list: {apps.unread}",
                            apps_section, subject="processes", hint=UNPARSED_HINT)
         used = [g.memory_used_mib for _, g in listed if g.memory_used_mib is not None]
-        if not used and processes is None:
+        if not used and not gpus.apps_known:
             yield _finding(name, Verdict.skipped, n, f"{n}: neither GPU memory use nor compute processes reported",
                            smi.section, apps_section)
             continue
-        busy = False
+        any_busy = False
         for i, g in listed:
-            procs = [p for p in processes or () if g.uuid and p.gpu_uuid == g.uuid]
-            mib = g.memory_used_mib
-            if not procs and (mib is None or mib <= limit):
+            why = busy(g)
+            if why is None:
                 continue
-            busy = True
-            who = ", ".join(f"pid {p.pid} {p.process_name or '(unknown)'}"
-                            + (f" ({p.used_memory_mib} MiB)" if len(procs) > 1 else "") for p in procs)
+            any_busy, procs, mib = True, g.processes, g.memory_used_mib
+            # Busy by its utilisation alone: neither a process nor the memory in use says so.
+            hot = "" if procs or (mib is not None and mib > limit) else f", {g.utilization_pct} % utilised"
+            who = ", ".join(f"pid {p.pid} {p.name or '(unknown)'}"
+                            + (f" ({p.memory_mib} MiB)" if len(procs) > 1 else "") for p in procs)
             by = f" by {who}" if procs else ", no compute process listed (another container or a graphics client?)"
             kill = f"`kill {' '.join(str(p.pid) for p in procs)}`" if procs else "`kill PID`"
-            yield _finding(name, Verdict.warned, n, f"{n}: GPU{i} busy: {'' if mib is None else f'{mib} MiB '}used{by}",
-                           smi.section, apps_section, subject=f"GPU{i}",
-                           measured=f"{'?' if mib is None else mib} MiB used, {len(procs)} processes",
-                           expected=f"<= {limit} MiB, no processes",
+            yield _finding(name, Verdict.warned, n, f"{n}: GPU{i} busy: {'' if mib is None else f'{mib} MiB '}used"
+                           f"{hot}{by}", smi.section, apps_section, subject=f"GPU{i}",
+                           measured=f"{'?' if mib is None else mib} MiB used, {len(procs)} processes{hot}",
+                           expected=f"< {BUSY_UTILIZATION_PCT} % utilised" if hot else f"<= {limit} MiB, no processes",
                            hint=f"one busy GPU slows every rank: find the process (`nvidia-smi` on {n}) and stop it "
                                 f"({kill}), or leave GPU{i} out of `gpus` for {n}",
-                           data={"index": i, "uuid": g.uuid, "memory_used_mib": mib, "processes": [
-                               {"pid": p.pid, "name": p.process_name, "used_memory_mib": p.used_memory_mib}
+                           data={"index": i, "uuid": g.uuid, "memory_used_mib": mib, "why": why, "processes": [
+                               {"pid": p.pid, "name": p.name or None, "used_memory_mib": p.memory_mib}
                                for p in procs]})
-        if not busy:
+        if not any_busy:
             note = f" (at most {max(used)} MiB used)" if used else ""
-            note += "; compute processes not listed" if processes is None else ""
+            note += "; compute processes not listed" if not gpus.apps_known else ""
             yield _finding(name, Verdict.passed, n, f"{n}: {len(listed)} GPUs, {_models(g for _, g in listed)}, "
                            f"none busy{note}", smi.section, apps_section, subject="gpus",
                            measured=f"max {max(used, default=0)} MiB used", expected=f"<= {limit} MiB, no processes")
@@ -288,12 +267,12 @@ def gpu_ecc(ctx: Context) -> Iterator[Finding]:
             yield smi
             continue
         n, listed = node.name, smi.listed(node)
-        if not any(ECC_FIELD in dict(g.values) for _, g in listed):
+        if smi.facts is None or not smi.facts.ecc_queried:
             yield _finding(name, Verdict.skipped, n, f"{n}: ECC errors not queried", smi.section)
             continue
         counts: dict[int, int] = {}
         for i, g in listed:
-            raw = g.value(ECC_FIELD)
+            raw = g.ecc_uncorrected
             if raw is not None and not raw.isdigit():
                 yield _finding(name, Verdict.warned, n, f"{n}: GPU{i} ECC error count is not a number: {raw!r}",
                                smi.section, subject=f"GPU{i}", hint=UNPARSED_HINT)
@@ -325,19 +304,20 @@ def _data_nics(ctx: Context) -> dict[str, str | None]:
 def gpu_topology(ctx: Context) -> Iterator[Finding]:
     name, data_nics = "gpu.topology", _data_nics(ctx)
     for node in ctx.reachable():
-        n, section = node.name, ctx.facts[node.name].section("nvidia_topo")
+        facts = ctx.facts[node.name]
+        n, section, gpu_facts = node.name, facts.section("nvidia_topo"), facts.gpus
         if not node.gpus:
             yield _finding(name, Verdict.skipped, n, f"{n}: no GPUs listed")
             continue
-        if section is None or not section.ok:
-            why = ("the probe has no `nvidia-smi topo -m` output" if section is None else "nvidia-smi not installed"
-                   if section.missing else f"`nvidia-smi topo -m` exited {section.exit_code}: {_tail(section.output)}")
+        call = gpu_facts.calls.get("topo") if gpu_facts is not None else None
+        if section is None or call is None or call.failure or section.missing:
+            why = (f"no GPU facts: {facts.report_problem}" if section is None else "nvidia-smi not installed"
+                   if call is None or section.missing else call.failure)
             yield _finding(name, Verdict.skipped, n, f"{n}: no topology: {why}", section)
             continue
-        try:
-            t = topo.parse(section.output)
-        except ParseError as exc:
-            yield _finding(name, Verdict.warned, n, f"{n}: cannot read the GPU topology: {exc}", section,
+        t = gpu_facts.topology if gpu_facts is not None else None
+        if call.unread or t is None:
+            yield _finding(name, Verdict.warned, n, f"{n}: cannot read the GPU topology: {call.unread}", section,
                            subject="topology", hint=UNPARSED_HINT)
             continue
         present = {d.name for d in t.gpus}
