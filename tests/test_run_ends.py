@@ -85,3 +85,24 @@ def test_a_frozen_orchestrator_finds_a_final_status_when_it_resumes(sim_cluster:
     reasons = " ".join(str(n.get("reason")) for n in status["nodes"].values())
     assert "no word from clusterrun" in reasons or "watchdog" in reasons, reasons
     assert not sim_cluster.wait_no_processes(run.name, 20)
+
+
+def test_after_an_id_collision_up_reports_and_pages_the_run_it_really_made(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    # The CLI drew an id another run took the same second: `up` makes the run under a new id, and its page, its
+    # summary and its record are that run's (nothing is written into the other run's directory).
+    from clusterrun import runs
+    from clusterrun.cli.main import main
+
+    taken = "20261124-100000-abcd"
+    runs_dir = tmp_path / "runs"
+    (runs_dir / taken).mkdir(parents=True)
+    monkeypatch.setattr(runs, "new_run_id", lambda now=None: taken)  # what the command line draws
+    (tmp_path / "hello.py").write_text("print('hello', flush=True)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["up", "--runs-dir", str(runs_dir), str(ROOT / "inventories" / "localhost.yaml"), "hello.py"]) == 0
+    made = [p for p in runs_dir.iterdir() if p.name != taken]
+    assert len(made) == 1 and (made[0] / "report.html").is_file() and (made[0] / "status.json").is_file()
+    assert list((runs_dir / taken).iterdir()) == []
+    assert made[0].name in capfd.readouterr().err

@@ -184,17 +184,20 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         settings = dataclasses.replace(settings, wait_gpus=wait_gpus)
     from clusterrun.cli.report_cmd import leave_page
 
+    opened: list[Path] = []  # the run's directory as execute made it (a new id after a collision)
     try:
         outcome, run_dir = execute(inv, plan, runs_dir, console, settings, preflight_mode, detach=detach,
                                    full_check=full_check, notify=[*inv.run.notify, *notify], restarts=restarts,
-                                   early=early, on_attempt=leave_page)
+                                   early=early, on_attempt=leave_page, on_open=lambda d: opened.append(d.path))
     finally:  # the run's page, however it ended (a run that did not start too); every attempt is on it
-        leave_page(Path(runs_dir) / plan.run_id)
+        for path in opened:
+            leave_page(path)
     if outcome is None:
-        click.echo(plan.run_id)
-        click.echo(f"clusterrun: detached: run {plan.run_id} goes on, supervised on {plan.master.name}; "
-                   f"`clusterrun attach {plan.run_id}` shows it, `clusterrun logs {plan.run_id} -f` follows its "
-                   f"ranks, `clusterrun down {plan.run_id}` stops it", err=True)
+        run_id = run_dir.run_id
+        click.echo(run_id)
+        click.echo(f"clusterrun: detached: run {run_id} goes on, supervised on {plan.master.name}; "
+                   f"`clusterrun attach {run_id}` shows it, `clusterrun logs {run_id} -f` follows its "
+                   f"ranks, `clusterrun down {run_id}` stops it", err=True)
         return 0
     if as_json:
         import json

@@ -63,7 +63,8 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             detach: bool = False, full_check: FullCheck | None = None,
             notify: Sequence[str] = (), restarts: RestartSettings | None = None,
             early: EarlyConnections | None = None,
-            on_attempt: Callable[[Path], None] | None = None) -> tuple[RunOutcome | None, RunDir]:
+            on_attempt: Callable[[Path], None] | None = None,
+            on_open: Callable[[RunDir], None] | None = None) -> tuple[RunOutcome | None, RunDir]:
     """Run ``plan`` to its end. Returns the outcome (of the last attempt) and the run directory.
 
     Before each attempt: preflight (every node ready), the plan completed from the nodes' facts, and the
@@ -72,7 +73,8 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     :mod:`clusterrun.launch.outcome` for when not) after what is left of it is gone from every node; nodes
     that were lost or fail the checks are replaced by spares or left out (:func:`recompose`). ``early``: the
     nodes' connections, under way since the plan was made (closed here at the end). ``on_attempt``: called
-    with the run directory after each failed attempt that is restarted (its page is written there).
+    with the run directory after each failed attempt that is restarted (its page is written there);
+    ``on_open``: with the run directory once it exists (its id may differ from the plan's, after a collision).
 
     Raises :class:`StartError` when the first attempt could not be started (then nothing runs anywhere).
     ``status.json`` always ends up describing what happened, written atomically.
@@ -81,6 +83,8 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     plan = with_restarts(inv, plan, restarts.max_restarts)
     try:
         run_dir, plan = _new_run_dir(runs_dir, inv, plan)
+        if on_open is not None:
+            on_open(run_dir)
         run_dir.write_json("plan.json", plan.to_dict())
         # How to reach the nodes again later (`clusterrun down`, `logs -f`), whatever the source of the nodes was.
         run_dir.write_json("inventory.json",
