@@ -113,7 +113,7 @@ def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport
         host.abort()  # before ``go``, the supervisor and the agents end when their connections drop
         if isinstance(exc, StartError):
             raise
-        raise StartError({master.name: f"the run's supervisor: {getattr(exc, 'reason', exc)}"}) from exc
+        raise StartError({master.name: f"the run's supervisor: {exc.reason}"}) from exc
     finally:
         for link in links.values():
             link.abort()  # a relayed agent answers to its supervisor only
@@ -136,7 +136,7 @@ def _relay(plan: LaunchPlan, links: Mapping[str, AgentLink], address: str, port:
         try:
             answer = links[node.name].answer((relay.RELAYED, protocol.ERROR), deadline)
         except ClusterrunError as exc:
-            problems[node.name] = getattr(exc, "reason", str(exc))
+            problems[node.name] = exc.reason
             continue
         if answer.get("ev") != relay.RELAYED:
             problems[node.name] = str(answer.get("text") or "the agent could not reach the run's supervisor")

@@ -117,7 +117,7 @@ class Supervisor:
                 self.live.go(node.name)
                 link.go(self._spec(node))
             except ClusterrunError as exc:  # a node that cannot be told is reported, the others stopped
-                problems[node.name] = getattr(exc, "reason", str(exc))
+                problems[node.name] = exc.reason
         if problems:
             for link in self._streams.values():
                 link.abort()
