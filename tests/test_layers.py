@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.remote import AGENT_MODULES, bundle
+from clusterrun.remote import AGENT_MODULES, bundle, protocol
 
 ROOT = Path(__file__).resolve().parent.parent / "clusterrun"
 
@@ -151,6 +151,17 @@ def _program_strings(path: Path) -> list[int]:
 @pytest.mark.parametrize("path", [p for p in _modules() if "remote" not in p.parts], ids=lambda p: _name(p))
 def test_no_program_travels_in_a_string(path: Path) -> None:
     assert not _program_strings(path), f"{_name(path)} carries a program in a string at lines {_program_strings(path)}"
+
+
+def test_a_run_s_marks_are_spelled_once() -> None:
+    # The environment variables a run's processes are found by: remote/protocol.py names them (nodes and clusterrun
+    # alike), everything else imports the name; a second spelling would find nothing once the first one changes.
+    marks = (protocol.RUN_ID_VAR, protocol.NODE_VAR)
+    spelled = [(_name(path), node.lineno) for path in _modules()
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)
+               and any(node.value == mark or f"{mark}=" in node.value for mark in marks)]
+    assert [name for name, _ in spelled] == ["clusterrun.remote.protocol"] * len(marks), spelled
 
 
 def test_launch_holds_at_most_thirteen_modules() -> None:

@@ -31,7 +31,6 @@ from clusterrun.errors import ClusterrunError, StartError
 from clusterrun.launch.settings import RestartSettings, SupervisorSettings
 from clusterrun.plan import LaunchPlan
 from clusterrun.remote import bundle, protocol, relay
-from clusterrun.remote.procs import NODE_VAR, RUN_ID_VAR
 from clusterrun.transport.base import Transport
 
 #: Seconds the supervisor may take to start and listen (Python's start and the bundle's compile on a busy node).
@@ -86,7 +85,7 @@ def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport
     where = record_dir(plan)
     try:
         stream = transport.start(bundle.argv(master.python),
-                                 env={RUN_ID_VAR: plan.run_id, NODE_VAR: marker_node(master.name)})
+                                 env={protocol.RUN_ID_VAR: plan.run_id, protocol.NODE_VAR: marker_node(master.name)})
     except ClusterrunError as exc:
         raise StartError({master.name: f"cannot start the run's supervisor: {exc}"}) from exc
     host = AgentLink(master.name, stream)

@@ -20,12 +20,16 @@ import shutil
 import subprocess
 import time
 
+if __package__:
+    from clusterrun.remote import protocol
+else:
+    import protocol  # sent before this module, as remote.PROGRAM_MODULES and AGENT_MODULES say
+
 #: What is asked of each GPU and process: the fields of clusterrun.facts.parsers.nvidia_smi (GPU_FIELDS,
 #: APP_FIELDS), in the same order, since without a header the order names the columns.
 GPU_FIELDS = "index,uuid,name,pci.bus_id,driver_version,memory.total,memory.used,utilization.gpu"
 APP_FIELDS = "gpu_uuid,pid,process_name,used_memory"
 TIMEOUT = 10.0
-RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 
 
 def _commands(tool):
@@ -71,7 +75,7 @@ def _owner(pid):
     try:
         with open("/proc/%d/environ" % pid, "rb") as fh:
             for item in fh.read().split(b"\0"):
-                if item.startswith(RUN_ID_VAR.encode() + b"="):
+                if item.startswith(protocol.RUN_ID_VAR.encode() + b"="):
                     run_id = item.split(b"=", 1)[1].decode(errors="replace")
     except OSError:
         pass  # another user's process: its environment is not ours to read
