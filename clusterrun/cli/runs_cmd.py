@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from clusterrun.cli.status_text import when
+from clusterrun.remote import protocol
 
 RUNS_DIR = click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
                         show_default=True, help="Where the run directories are.")
@@ -217,7 +218,7 @@ Examples:
   clusterrun down 20261123-101500-a1b2 --grace 10""")
 @RUN_ARG
 @RUNS_DIR
-@click.option("--grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
+@click.option("--grace", type=click.FloatRange(0, 600), default=protocol.GRACE, show_default=True, metavar="SECONDS",
               help="Between SIGTERM and SIGKILL on each node.")
 def down(run: str, runs_dir: Path, grace: float) -> int:
     """Stop whatever is left of a run on every node (a leftover, or a run whose clusterrun was killed).
