@@ -171,7 +171,7 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
     console = Console(ranks=shown, quiet=quiet, raw=raw, fold=fold)
     full_check = None
     if preflight_mode == "full":
-        from clusterrun.cli.report_cmd import with_doctor_page
+        from clusterrun.cli.pages import with_doctor_page
         from clusterrun.doctor.gate import full_check as doctor_check
 
         full_check = with_doctor_page(doctor_check)
@@ -187,7 +187,7 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
 
         raise UsageError("--min-nodes (and spare nodes) need clusterrun to stay with the job: a detached run restarts "
                          "on the same nodes only (--max-restarts); leave out --min-nodes or --detach")
-    from clusterrun.cli.report_cmd import leave_page
+    from clusterrun.cli.pages import leave_page
 
     try:
         outcome, run_dir = execute(inv, plan, runs_dir, console, settings, preflight_mode, detach=detach,
