@@ -1,6 +1,7 @@
 """Every failure clusterrun reports to a user, as one exception tree.
 
-    ClusterrunError                 exit_code 1; base of everything below
+    ClusterrunError                 exit_code 1; base of everything below; ``reason``: the message for a
+                                    line that already names its subject (``node: reason``)
     ├── UsageError                  exit_code 2; a flag or argument is wrong
     ├── InventoryError              exit_code 2; the inventory is invalid (carries file:line)
     ├── PlanError                   exit_code 2; the inventory is valid but no launch plan fits it
@@ -40,13 +41,18 @@ EXIT_TIMEOUT = 124
 
 
 class ClusterrunError(Exception):
-    """Base class; ``exit_code`` is what the CLI exits with."""
+    """Base class; ``exit_code`` is what the CLI exits with.
+
+    ``reason`` is the failure in words for a place that names its subject itself (a row or a ``node: ...`` line
+    of a per-node report): by default the whole message; a :class:`NodeError` leaves out the node's name."""
 
     exit_code: int = 1
+    reason: str
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        self.reason = message
 
     def __str__(self) -> str:
         return self.message
@@ -146,3 +152,11 @@ class StartError(ClusterrunError):
 
 class GpusLeased(StartError):
     """GPUs the run needs are leased by other runs (``problems`` names node, GPU and holder); nothing started."""
+
+
+def reason_of(exc: BaseException) -> str:
+    """The reason of any exception: ours (:attr:`ClusterrunError.reason`), one of the standard library's that
+    carries its cause in ``reason`` (urllib's ``URLError``, ``ssl.SSLError``), or else its text."""
+    if isinstance(exc, ClusterrunError):
+        return exc.reason
+    return str(getattr(exc, "reason", None) or exc)

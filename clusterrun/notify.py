@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterrun.errors import reason_of
+
 POST_TIMEOUT = 5.0  # seconds for one webhook to accept one document
 END_WAIT = 1.0  # seconds the end of a run waits for documents still on their way
 
@@ -78,7 +80,7 @@ class Notifier:
                 if not delivery.ok:
                     delivery.error = f"HTTP {response.status}"
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            delivery.ok, delivery.error = False, str(getattr(exc, "reason", None) or exc)
+            delivery.ok, delivery.error = False, reason_of(exc)
 
     def close(self, wait: float = END_WAIT) -> list[Delivery]:
         """Wait at most ``wait`` seconds in all for what is on its way; returns the deliveries that failed or

@@ -22,12 +22,12 @@ from clusterrun.planfile import (  # noqa: F401 - the plan's records, imported f
     MAX_RESTARTS_VAR,
     REMOTE_RUNS_DIR,
     RESTART_COUNT_VAR,
-    RUN_ID_VAR,
     EnvVar,
     JobSpec,
     LaunchPlan,
     NodePlan,
 )
+from clusterrun.remote.protocol import RUN_ID_VAR
 
 
 def _ordered(inv: Inventory, order: str) -> tuple[list[tuple[int, Node]], str]:

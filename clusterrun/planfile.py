@@ -62,8 +62,6 @@ def env_flags(runtime: Runtime, names: Iterable[str]) -> list[str]:
 
 #: Where a node keeps a run's files when the job does not say otherwise (relative to the ssh user's home).
 REMOTE_RUNS_DIR = "~/.clusterrun/runs"
-#: Environment variable that marks every process of a run (used to find and stop them).
-RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 #: How many times clusterrun has restarted the job (0 on its first attempt), as torchrun's TORCHELASTIC_RESTART_COUNT.
 RESTART_COUNT_VAR = "CLUSTERRUN_RESTART_COUNT"
 #: How many times clusterrun may restart the job (``--max-restarts``): the workers see it as TORCHELASTIC_MAX_RESTARTS.

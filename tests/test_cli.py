@@ -31,6 +31,20 @@ def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[st
     assert "Examples:" in out and f"clusterrun {command} " in out
 
 
+@pytest.mark.parametrize("command", ["up", "down"])
+def test_grace_defaults_to_the_agent_s_own_and_help_shows_it(command: str) -> None:
+    import importlib
+
+    import click
+
+    from clusterrun.remote import protocol
+
+    module, name, _ = COMMANDS[command]
+    params = getattr(importlib.import_module(module), name).params
+    grace = next(p for p in params if isinstance(p, click.Option) and "--grace" in p.opts)
+    assert grace.default == protocol.GRACE and grace.show_default
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(capsys, "--version")
     assert code == 0 and __version__ in out

@@ -4,7 +4,7 @@ From the bottom: errors, waits (Ctrl-C-safe waits) and remote (node-side program
 tool output, a node's NICs, log hints), plan/nccl/network/gpuchoice (pure planning), transport, runs (the run record)
 and notify (webhooks), agents (clusterrun's side of the node agent: its specs, starting it, collect and sweep),
 launch (`up`), ops (exec, down, logs, init), doctor, report (the HTML pages of runs and doctor rounds), cli. A module may import its own layer and those below,
-at the top of the file or inside a function alike.
+at the top of the file or inside a function alike; no modules import each other, directly or around a circle.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.remote import AGENT_MODULES, bundle
+from clusterrun.remote import AGENT_MODULES, bundle, protocol
 
 ROOT = Path(__file__).resolve().parent.parent / "clusterrun"
 
@@ -151,6 +151,93 @@ def _program_strings(path: Path) -> list[int]:
 @pytest.mark.parametrize("path", [p for p in _modules() if "remote" not in p.parts], ids=lambda p: _name(p))
 def test_no_program_travels_in_a_string(path: Path) -> None:
     assert not _program_strings(path), f"{_name(path)} carries a program in a string at lines {_program_strings(path)}"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the clusterrun modules it imports, anywhere in it (top level, functions, type-checking blocks):
+    ``from P import a`` is an edge to the module ``P.a`` where there is one, else to ``P``."""
+    names = {_name(p) for p in _modules()}
+    graph: dict[str, set[str]] = {}
+    for path in _modules():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = {f"{node.module}.{alias.name}" for alias in node.names} & names
+                found |= subs
+                if len(subs) < len(node.names):
+                    found.add(node.module)
+        graph[_name(path)] = (found & names) - {_name(path)}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycles_finds_a_cycle_and_only_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": set(), "f": {"d"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({**graph, "c": {"d"}}) == []
+
+
+def test_no_import_cycle() -> None:
+    # Modules that import each other, even from inside a function, cannot be read, tested or moved one at a time:
+    # what both need goes into a module of its own, below them (as cli/run_args.py and cli/pages.py).
+    graph = _import_graph()
+    assert graph["clusterrun.cli.runs_cmd"], "the import graph found no imports: it reads nothing"
+    cycles = _cycles(graph)
+    assert not cycles, f"modules that import each other, directly or around a circle: {cycles}"
+
+
+def test_a_run_s_marks_are_spelled_once() -> None:
+    # The environment variables a run's processes are found by: remote/protocol.py names them (nodes and clusterrun
+    # alike), everything else imports the name; a second spelling would find nothing once the first one changes.
+    marks = (protocol.RUN_ID_VAR, protocol.NODE_VAR)
+    spelled = [(_name(path), node.lineno) for path in _modules()
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)
+               and any(node.value == mark or f"{mark}=" in node.value for mark in marks)]
+    assert [name for name, _ in spelled] == ["clusterrun.remote.protocol"] * len(marks), spelled
 
 
 def test_launch_holds_at_most_thirteen_modules() -> None:

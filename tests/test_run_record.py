@@ -105,3 +105,12 @@ def test_a_nodes_logs_are_found_in_the_attempt_that_holds_them(tmp_path: Path) -
     assert found == {("a", 0): "attempt 1 a\n", ("b", 1): "attempt 0 b\n"}  # b was left out of attempt 1
     assert [p.parent.parent.name for _n, _r, p in run.rank_logs(node="b")] == ["attempt-0"]
     assert run.rank_logs(node="c") == []
+
+
+def test_the_layout_names_every_file_a_run_directory_keeps() -> None:
+    # runs/dirs.py's docstring is where a reader looks up a file of runs/<id>/: a file added without a line there fails.
+    from clusterrun.report.write import PAGE
+    from clusterrun.runs import dirs, series
+
+    layout = {line.split()[0] for line in (dirs.__doc__ or "").splitlines() if line.startswith("    ")}
+    assert {*RunDir.RUN_FILES, PAGE, f"<node>/{series.RAW}"} <= layout, sorted(layout)

@@ -36,7 +36,7 @@ def refreshed(found: Any, *, quiet: bool = False) -> Any:
     for line in send_pending(found):
         click.echo(f"clusterrun: {line}", err=True)
     if over(found):  # its end reached this machine just now: the page says so too
-        from clusterrun.cli.report_cmd import leave_page
+        from clusterrun.cli.pages import leave_page
 
         leave_page(found.path)
     return got

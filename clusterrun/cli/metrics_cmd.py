@@ -9,18 +9,9 @@ from typing import Any
 
 import click
 
-from clusterrun.cli.runs_cmd import RUN_ARG, RUNS_DIR
+from clusterrun.cli.run_args import RUN_ARG, RUNS_DIR
 
 RECENT = 10  # samples folded into the text view's "recent" row of each node
-
-
-def _rate(bps: float | None) -> str:
-    if bps is None:
-        return "-"
-    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:.1f} {unit}"
-    return f"{bps:.0f} B/s"
 
 
 def metrics_view(run_dir: Path, only: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -53,6 +44,7 @@ def metrics_view(run_dir: Path, only: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def _row(node: str, data_nic: str | None, samples: list[dict[str, Any]]) -> list[str]:
     from clusterrun.runs.series import fold
+    from clusterrun.runs.traffic import rate_text
 
     recent = fold(samples[-RECENT:])
     nics = recent.get("nics") or {}
@@ -63,8 +55,8 @@ def _row(node: str, data_nic: str | None, samples: list[dict[str, Any]]) -> list
     power = sum(g.get("power") or 0 for g in gpus.values())
     cpus = [r["cpu"] for r in (recent.get("ranks") or {}).values() if "cpu" in r]
     return [node, time.strftime("%H:%M:%S", time.localtime(float(recent["t"]))),
-            f"{data_nic or '?'} rx {_rate(data[0])} tx {_rate(data[1])}",
-            ", ".join(f"{k} {_rate(v)}" for v, k in others) or "-",
+            f"{data_nic or '?'} rx {rate_text(data[0])} tx {rate_text(data[1])}",
+            ", ".join(f"{k} {rate_text(v)}" for v, k in others) or "-",
             f"{len(gpus)}x {sum(utils) / len(utils):.0f}% {power:.0f} W" if utils else "-",
             f"{min(cpus):.2f}-{max(cpus):.2f}" if cpus else "-",
             f"{recent['load']:.1f}" if "load" in recent else "-",

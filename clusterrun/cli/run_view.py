@@ -18,6 +18,7 @@ from rich.text import Text
 
 from clusterrun.runs.record import NodeRecord, RunRecord, RunState
 from clusterrun.runs.timeline import PHASES, PhaseSpan, size
+from clusterrun.runs.traffic import rate_text
 
 #: Seconds between two looks at status.json (the supervisor writes it every 2 s or so).
 WATCH_EVERY = 1.0
@@ -116,13 +117,11 @@ def newest_samples(run_dir: Path, names: Sequence[str]) -> dict[str, dict[str, A
 
 def _net(sample: Mapping[str, Any] | None, data_nic: str | None, now: float, going: bool) -> tuple[str, str]:
     """The data NIC's throughput and the GPUs' utilisation in ``sample`` (``-`` where it has none)."""
-    from clusterrun.cli.metrics_cmd import _rate
-
     if not sample:
         return "-", "-"
     nics = sample.get("nics") if isinstance(sample.get("nics"), Mapping) else {}
     pair = nics.get(data_nic) if data_nic else None
-    nic = (f"{data_nic} rx {_rate(pair[0])} tx {_rate(pair[1])}" if isinstance(pair, list) and len(pair) == 2
+    nic = (f"{data_nic} rx {rate_text(pair[0])} tx {rate_text(pair[1])}" if isinstance(pair, list) and len(pair) == 2
            else f"{data_nic or '?'}: no reading")
     age = now - float(sample.get("t") or now)
     if going and age > STALE:

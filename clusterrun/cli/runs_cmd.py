@@ -11,11 +11,10 @@ from typing import Any
 
 import click
 
+from clusterrun.cli.pages import leave_page
+from clusterrun.cli.run_args import RUN_ARG, RUNS_DIR
 from clusterrun.cli.status_text import when
-
-RUNS_DIR = click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
-                        show_default=True, help="Where the run directories are.")
-RUN_ARG = click.argument("run", default="last", required=False, metavar="[RUN]")
+from clusterrun.remote import protocol
 
 
 @click.command(epilog="""\b
@@ -217,7 +216,7 @@ Examples:
   clusterrun down 20261123-101500-a1b2 --grace 10""")
 @RUN_ARG
 @RUNS_DIR
-@click.option("--grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
+@click.option("--grace", type=click.FloatRange(0, 600), default=protocol.GRACE, show_default=True, metavar="SECONDS",
               help="Between SIGTERM and SIGKILL on each node.")
 def down(run: str, runs_dir: Path, grace: float) -> int:
     """Stop whatever is left of a run on every node (a leftover, or a run whose clusterrun was killed).
@@ -232,7 +231,7 @@ def down(run: str, runs_dir: Path, grace: float) -> int:
     found = find_run(runs_dir, run)
     code = stop_detached(found, grace)  # a detached run: its supervisor stops it and records the end
     if code is not None:
-        _leave_page(found.path)
+        leave_page(found.path)
         return code
     results = sweep_run(found, grace)
     failed = 0
@@ -244,14 +243,8 @@ def down(run: str, runs_dir: Path, grace: float) -> int:
             click.echo(f"{name}: {'stopped ' + str(len(pids)) + ' process(es)' if pids else 'nothing left'}")
     if not failed:
         record_stopped(found)
-        _leave_page(found.path)
+        leave_page(found.path)
     return 1 if failed else 0
-
-
-def _leave_page(path: Path) -> None:
-    from clusterrun.cli.report_cmd import leave_page
-
-    leave_page(path)
 
 
 def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool,
@@ -275,7 +268,7 @@ def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool,
         unreachable_rounds = unreachable_rounds + 1 if problems else 0
         if not problems and not any(r.alive for r in results.values()):
             record_detached_end(found, results)
-            _leave_page(found.path)
+            leave_page(found.path)
             return 0
         if not follow:
             return 0

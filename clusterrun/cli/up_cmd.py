@@ -171,7 +171,7 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
     console = Console(ranks=shown, quiet=quiet, raw=raw, fold=fold)
     full_check = None
     if preflight_mode == "full":
-        from clusterrun.cli.report_cmd import with_doctor_page
+        from clusterrun.cli.pages import with_doctor_page
         from clusterrun.doctor.gate import full_check as doctor_check
 
         full_check = with_doctor_page(doctor_check)
@@ -182,7 +182,7 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         import dataclasses
 
         settings = dataclasses.replace(settings, wait_gpus=wait_gpus)
-    from clusterrun.cli.report_cmd import leave_page
+    from clusterrun.cli.pages import leave_page
 
     opened: list[Path] = []  # the run's directory as execute made it (a new id after a collision)
     try:

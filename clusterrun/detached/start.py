@@ -31,7 +31,6 @@ from clusterrun.errors import ClusterrunError, StartError
 from clusterrun.launch.settings import RestartSettings, SupervisorSettings
 from clusterrun.plan import LaunchPlan
 from clusterrun.remote import bundle, protocol, relay
-from clusterrun.remote.procs import NODE_VAR, RUN_ID_VAR
 from clusterrun.transport.base import Transport
 
 #: Seconds the supervisor may take to start and listen (Python's start and the bundle's compile on a busy node).
@@ -86,7 +85,7 @@ def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport
     where = record_dir(plan)
     try:
         stream = transport.start(bundle.argv(master.python),
-                                 env={RUN_ID_VAR: plan.run_id, NODE_VAR: marker_node(master.name)})
+                                 env={protocol.RUN_ID_VAR: plan.run_id, protocol.NODE_VAR: marker_node(master.name)})
     except ClusterrunError as exc:
         raise StartError({master.name: f"cannot start the run's supervisor: {exc}"}) from exc
     host = AgentLink(master.name, stream)
@@ -114,7 +113,7 @@ def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport
         host.abort()  # before ``go``, the supervisor and the agents end when their connections drop
         if isinstance(exc, StartError):
             raise
-        raise StartError({master.name: f"the run's supervisor: {getattr(exc, 'reason', exc)}"}) from exc
+        raise StartError({master.name: f"the run's supervisor: {exc.reason}"}) from exc
     finally:
         for link in links.values():
             link.abort()  # a relayed agent answers to its supervisor only
@@ -138,7 +137,7 @@ def _relay(plan: LaunchPlan, links: Mapping[str, AgentLink], address: str, port:
         try:
             answer = links[node.name].answer((relay.RELAYED, protocol.ERROR), deadline)
         except ClusterrunError as exc:
-            problems[node.name] = getattr(exc, "reason", str(exc))
+            problems[node.name] = exc.reason
             continue
         if answer.get("ev") != relay.RELAYED:
             problems[node.name] = str(answer.get("text") or "the agent could not reach the run's supervisor")

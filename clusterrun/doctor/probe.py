@@ -117,7 +117,7 @@ def probe_node(node: str, python: str, transport: Transport, timeout: float = PR
         result = transport.run([*inside, "sh", "-c", probe_script(python, path=path)], timeout=timeout,
                                env=dict(env) if env else None)
     except ClusterrunError as exc:
-        return NodeFacts(node, error=getattr(exc, "reason", None) or str(exc))
+        return NodeFacts(node, error=exc.reason)
     sections = parse_probe(node, result.stdout)
     if not sections:
         return NodeFacts(node, error=f"the probe printed nothing usable (exit {result.exit_code}): "

@@ -86,7 +86,7 @@ def quick_check(plan: LaunchPlan, links: Mapping[str, AgentLink]) -> PathReport:
     try:
         held = links[master.name].ask(session.LISTEN, json.dumps({"port": port}), (session.LISTENING,), 20)
     except ClusterrunError as exc:
-        held = {"error": getattr(exc, "reason", str(exc))}
+        held = {"error": exc.reason}
     if held.get("error"):
         report.problems[master.name] = f"cannot hold master port {port} for the check: {held['error']}"
         report.seconds = time.monotonic() - started
@@ -110,7 +110,7 @@ def quick_check(plan: LaunchPlan, links: Mapping[str, AgentLink]) -> PathReport:
                 answers[node.name] = links[node.name].answer((session.REACHED,), deadline)
                 problem = _reach_problem(node, master, port, answers[node.name])
             except ClusterrunError as exc:
-                problem = f"the check could not run: {getattr(exc, 'reason', exc)}"
+                problem = f"the check could not run: {exc.reason}"
         if problem:
             report.problems[node.name] = problem
     pinged: dict[str, object] = {}
@@ -118,7 +118,7 @@ def quick_check(plan: LaunchPlan, links: Mapping[str, AgentLink]) -> PathReport:
         try:
             pinged = links[master.name].answer((session.PINGED,), deadline)
         except ClusterrunError as exc:
-            report.notes.append(f"{master.name} could not ping the nodes: {getattr(exc, 'reason', exc)}")
+            report.notes.append(f"{master.name} could not ping the nodes: {exc.reason}")
     if pinged.get("missing"):
         report.notes.append(f"{master.name} has no ping command: the way back to each node was not tested")
     results = pinged.get("results") or {}

@@ -156,7 +156,7 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
             raise PythonNotFound(node.name, f"python {node.python!r} not found on the node; give an interpreter "
                                             "that exists there with --python PATH or `python` in the inventory "
                                             "(an absolute path is safest)") from None
-        raise NodeNotReady(node.name, f"the node check failed: {getattr(exc, 'reason', exc)}") from None
+        raise NodeNotReady(node.name, f"the node check failed: {exc.reason}") from None
     if answer.get("ev") == protocol.ERROR:  # the node refused the check's spec
         raise NodeNotReady(node.name, f"the node check failed: {answer.get('text')}")
     report = answer["report"]
@@ -208,7 +208,7 @@ def check_ready(plan: LaunchPlan, transports: Mapping[str, Transport], timeline:
         try:
             ready[name], missing[name] = _answer(nodes[name], link, transports[name], deadline, timeline, progress)
         except ClusterrunError as exc:
-            problems[name] = getattr(exc, "reason", str(exc))
+            problems[name] = exc.reason
             link.abort()
     if not problems:
         problems.update(image_problems(plan, ready))

@@ -53,7 +53,7 @@ def _collect(plan: LaunchPlan, node: NodePlan, transport: Transport, relay: LogR
                       sweep=lost, grace=grace, max_bytes=MAX_BYTES, timeout=COLLECT_TIMEOUT + grace, sink=sink,
                       container=container_spec(node))
     except ClusterrunError as exc:
-        why = getattr(exc, "reason", None) or str(exc)
+        why = exc.reason
         if lost:
             return (f"{node.name}: could not reach the node after its stream broke ({why}); its agent stops the job "
                     f"there by itself within {heartbeat_timeout:g}s of losing clusterrun, and its rank logs stay on "

@@ -117,7 +117,7 @@ class Supervisor:
                 self.live.go(node.name)
                 link.go(self._spec(node))
             except ClusterrunError as exc:  # a node that cannot be told is reported, the others stopped
-                problems[node.name] = getattr(exc, "reason", str(exc))
+                problems[node.name] = exc.reason
         if problems:
             for link in self._streams.values():
                 link.abort()
@@ -397,4 +397,4 @@ class Supervisor:
                              f"no word from the node for {silent:.0f}s (network down or node hung)")
             self.outcome.notes.append(
                 f"{name}: {node.reason}; its agent stops the job there when it stops hearing clusterrun; to look "
-                f"yourself: processes with CLUSTERRUN_RUN_ID={self.plan.run_id} in their environment")
+                f"yourself: processes with {protocol.RUN_ID_VAR}={self.plan.run_id} in their environment")

@@ -7,6 +7,7 @@ import time
 from clusterrun.agents.sweep import sweep_everywhere
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import Inventory
+from clusterrun.remote import protocol
 from clusterrun.runs import RunDir, RunState, run_record, write_record
 from clusterrun.transport.factory import transport_for
 
@@ -18,7 +19,7 @@ def run_inventory(run: RunDir) -> Inventory:
     except (OSError, ValueError) as exc:
         raise UsageError(f"{run.path}/inventory.json is missing or unreadable ({exc}); this run was made by an "
                          "older clusterrun: look on the nodes yourself (its processes carry "
-                         f"CLUSTERRUN_RUN_ID={run.run_id} in their environment)") from None
+                         f"{protocol.RUN_ID_VAR}={run.run_id} in their environment)") from None
 
 
 def sweep_run(run: RunDir, grace: float) -> dict[str, tuple[list[int], str | None]]:

@@ -49,7 +49,7 @@ def run_everywhere(inv: Inventory, transports: Mapping[str, Transport], command:
         try:
             stream = start_mode(transports[name], inv.python_of(node), protocol.EXEC, spec)
         except Exception as exc:  # whatever it was, this node ends with it and the others go on
-            text = (getattr(exc, "reason", None) or str(exc)) if isinstance(exc, ClusterrunError) else (
+            text = exc.reason if isinstance(exc, ClusterrunError) else (
                 f"could not start the command: {type(exc).__name__}: {exc}")
             events.put((name, {"ev": protocol.ERROR, "text": text}))
             events.put((name, None))

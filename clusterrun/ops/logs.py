@@ -53,7 +53,7 @@ def fetch(run: RunDir, received: dict[tuple[str, int, str], int], *, partial: bo
                           grace=0.0, max_bytes=64 << 20, timeout=FETCH_TIMEOUT, partial=partial,
                           sink=lambda rank, stream, data, _more: out.chunks.append((rank, stream, data)))
         except ClusterrunError as exc:
-            out.problem = getattr(exc, "reason", None) or str(exc)
+            out.problem = exc.reason
             return out
         finally:
             transport.close()

@@ -20,7 +20,7 @@ from clusterrun.agents.link import run_mode
 from clusterrun.agents.spec import mirror_spec
 from clusterrun.detached.host import marker_node
 from clusterrun.detached.start import SUPERVISOR_FILE, ClusterSupervisor
-from clusterrun.errors import ClusterrunError
+from clusterrun.errors import ClusterrunError, reason_of
 from clusterrun.ops.down import run_inventory
 from clusterrun.remote import mirror, protocol
 from clusterrun.runs import RunDir, RunState, atomic_write, read_record
@@ -116,7 +116,7 @@ def refresh(run: RunDir, *, stop: str | None = None, transport: Transport | None
                                   mirror_spec(run.run_id, marker_node(host.node), host.record_dir, _have(run), stop),
                                   timeout=MIRROR_TIMEOUT)
     except (ClusterrunError, StopIteration) as exc:
-        return Mirrored(None, f"{host.node}: cannot read the run's record there: {getattr(exc, 'reason', exc)}")
+        return Mirrored(None, f"{host.node}: cannot read the run's record there: {reason_of(exc)}")
     finally:
         if own and transport is not None:
             transport.close()

@@ -76,7 +76,7 @@ AGENT_MODULES = ("protocol", "wire", "relay", "procs", "warm", "containers", "le
                  "ranksockets", "gpuloop", "sampler",
                  "ready", "session", "job", "collect", "execmode", "mirror")
 #: The modules a program other than the agent imports, sent with it when it goes inline.
-PROGRAM_MODULES = {"nodefacts": ("gpufacts",)}
+PROGRAM_MODULES = {"nodefacts": ("protocol", "gpufacts")}
 
 
 @lru_cache(maxsize=None)

@@ -25,6 +25,11 @@ import shutil
 import subprocess
 import time
 
+if __package__:
+    from clusterrun.remote import protocol
+else:
+    import protocol  # sent before this module, as remote.PROGRAM_MODULES and AGENT_MODULES say
+
 #: What is asked of each GPU and process: the fields of clusterrun.facts.parsers.nvidia_smi (GPU_FIELDS,
 #: APP_FIELDS), in the same order, then the uncorrected ECC errors since the driver loaded (doctor's gpu.ecc).
 #: Without a header the order names the columns: the report carries the fields.
@@ -36,7 +41,6 @@ TOOL = "nvidia-smi"
 OUTPUT_LIMIT = 4000
 #: The exit status a call that hung, could not run or was not found is given (as timeout(1) and a shell give them).
 HUNG, CANNOT_RUN, NOT_FOUND = 124, 126, 127
-RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 
 
 def commands(tool, fields=GPU_FIELDS):
@@ -85,7 +89,7 @@ def _owner(pid):
     try:
         with open("/proc/%d/environ" % pid, "rb") as fh:
             for item in fh.read().split(b"\0"):
-                if item.startswith(RUN_ID_VAR.encode() + b"="):
+                if item.startswith(protocol.RUN_ID_VAR.encode() + b"="):
                     run_id = item.split(b"=", 1)[1].decode(errors="replace")
     except OSError:
         pass  # another user's process: its environment is not ours to read

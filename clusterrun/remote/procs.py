@@ -1,8 +1,8 @@
 """The node agent's process tools: the processes under it or marked with a run's id, and how they are stopped.
 
-Every process of a run carries ``CLUSTERRUN_RUN_ID`` (and ``CLUSTERRUN_NODE``) in its environment, so what is
-left of a run can be found without its agent; the agent itself is a child subreaper, so the processes its job
-started stay its descendants even when their parent dies.
+Every process of a run carries the run's marks in its environment (``protocol.RUN_ID_VAR`` and ``NODE_VAR``), so
+what is left of a run can be found without its agent; the agent itself is a child subreaper, so the processes its
+job started stay its descendants even when their parent dies.
 
 Standard library only: this module travels to the nodes with the agent.
 """
@@ -13,8 +13,11 @@ import os
 import signal
 import time
 
-RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
-NODE_VAR = "CLUSTERRUN_NODE"
+if __package__:
+    from clusterrun.remote import protocol
+else:
+    import protocol
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -109,16 +112,16 @@ def job_environ(job_env: dict, run_id: str, node: str) -> dict:
     """The job's environment before the workers' hook: this node's, the spec's, and the run's markers."""
     env = dict(os.environ)
     env.update(job_env)
-    env[RUN_ID_VAR] = run_id
-    env[NODE_VAR] = node
+    env[protocol.RUN_ID_VAR] = run_id
+    env[protocol.NODE_VAR] = node
     return env
 
 
 def marked(run_id: str, exclude: set, node: str = "") -> list:
     """Processes of our user whose environment carries this run's marker (and this node's, when given:
     two inventory nodes may be one machine)."""
-    needle = f"{RUN_ID_VAR}={run_id}".encode()
-    node_needle = f"{NODE_VAR}={node}".encode()
+    needle = f"{protocol.RUN_ID_VAR}={run_id}".encode()
+    node_needle = f"{protocol.NODE_VAR}={node}".encode()
     uid = os.getuid()
     found = []
     for name in os.listdir("/proc"):
@@ -155,7 +158,7 @@ def _boot_time() -> float:
 def runs(exclude: set) -> dict:
     """Every run with processes here that this user may see (another user's environment is not readable;
     their runs show through their leases): {run id: {"pids", "nodes", "user", "since"}}."""
-    prefix, node_prefix = f"{RUN_ID_VAR}=".encode(), f"{NODE_VAR}=".encode()
+    prefix, node_prefix = f"{protocol.RUN_ID_VAR}=".encode(), f"{protocol.NODE_VAR}=".encode()
     try:
         boot, tick = _boot_time(), float(os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, StopIteration):

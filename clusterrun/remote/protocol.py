@@ -185,6 +185,14 @@ def frames(chunks: Iterable[bytes]) -> Iterator[Frame]:
     yield from decoder.close()
 
 
+# ---------------------------------------------------------------- the run's marks
+
+#: Every process of a run carries these in its environment, so that what is left of it can be found and stopped
+#: on its node without its agent (``sweep``, ``ps``, ``down``): the run's id, and the node's name in the run (its
+#: marker: two inventory nodes may be one machine). The single definition: node side and clusterrun's side alike.
+RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
+NODE_VAR = "CLUSTERRUN_NODE"
+
 # ---------------------------------------------------------------- the modes' specs
 
 #: Seconds between SIGTERM and SIGKILL when a run's processes are stopped (``up --grace``, ``down --grace``).

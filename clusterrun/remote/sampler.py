@@ -29,15 +29,15 @@ import threading
 import time
 
 if __package__:
-    from clusterrun.remote import gpuloop, ranksockets
+    from clusterrun.remote import gpuloop, protocol, ranksockets
 else:
     import gpuloop
+    import protocol
     import ranksockets
 
 #: The ranks' variables that choose their network, reported in each sample (the verdict names the one to blame).
 NET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE",
             "NCCL_NET", "MASTER_ADDR", "MASTER_PORT")
-RUN_ID_VAR = "CLUSTERRUN_RUN_ID"
 WRAP32 = 1 << 32
 #: A NIC at this many bytes per second or more makes the ranks' connections worth their bytes (below it, the
 #: kernel is not asked for them: a quiet node's sampling costs less).
@@ -248,7 +248,7 @@ class Sampler:
         ours = set(ranks.values())
         others = {}
         for index, pid, mem in apps:
-            if pid in ours or (self.run_id and environ(self.proc, pid).get(RUN_ID_VAR) == self.run_id):
+            if pid in ours or (self.run_id and environ(self.proc, pid).get(protocol.RUN_ID_VAR) == self.run_id):
                 continue
             others[str(pid)] = {"gpu": index, "mem": mem}
         if others:

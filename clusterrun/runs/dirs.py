@@ -1,13 +1,37 @@
 """Run directories on the orchestrator: ``runs/<run-id>/``; what each run's ``status.json`` says is
 :mod:`clusterrun.runs.record`.
 
-Layout::
+Layout: everything a run directory can hold, one line each (``RunDir.RUN_FILES`` are the files that stay at the top
+across attempts; everything else is the latest attempt's)::
 
-    runs/<run-id>/plan.json            the launch plan, exactly as executed
-    runs/<run-id>/status.json          state, per node and per rank: exit code or signal, start and end
-    runs/<run-id>/<node>/rank<R>.log   every line of global rank R (stdout and stderr, in arrival order)
-    runs/<run-id>/<node>/launcher.log  torchrun's own messages on that node
-    runs/<run-id>/attempt-<k>/         an earlier attempt of a restarted run: its node directories and plan
+    plan.json                    the launch plan, exactly as executed (secrets redacted)
+    inventory.json               the inventory the run was started with, to reach its nodes again (``down``, ``logs``)
+    status.json                  state, per node and per rank: exit code or signal, start and end, the launch timeline
+    preflight.json               what the checks before launch found (``--preflight``), and where doctor's round is
+    doctor/                      ``--preflight full``'s doctor round: report.json, evidence/<node>/, its report.html
+    report.html                  the run's page (clusterrun/report/): left at each attempt's end, again by ``report``
+    <node>/rank<R>.log           every line of global rank R (stdout and stderr, in arrival order)
+    <node>/launcher.log          torchrun's own messages on that node
+    <node>/metrics.jsonl         the node's series as sampled, the last hour (``up --sample-every``; runs/series.py)
+    <node>/metrics-<S>.jsonl     the same folded into S-second means (60, 600, 3600): the older samples
+    <node>/stack-rank<R>.txt     rank R's stack, dumped when no rank printed for ``--hang-timeout``
+    <node>/flight-rank<R>.json   rank R's recent collectives (torch's flight recorder), dumped with its stack
+    flight/nccl-rank<R>          the flight recorder torch dumped itself after a collective timed out (torchfrtrace)
+    attempt-<k>/                 an earlier attempt of a restarted run: all of the above but RUN_FILES, and its plan
+    .<name>.tmp                  a file being written (:func:`atomic_write`), renamed over <name> when whole
+
+A detached run (clusterrun/detached/) has more at the top (RUN_FILES too). Its supervisor alone writes the run's
+record, in ``record/`` beside the node's own directory of the run on rank 0's node (``<remote runs>/<run-id>/record/``,
+laid out as above); this machine's directory mirrors it (ops/mirror.py: logs appended, other files whole) but for
+plan.json, inventory.json and the files below that say otherwise::
+
+    supervisor.json              here only: where its supervisor runs (node, pid, port, record directory)
+    console.log                  what an attached run's terminal would have shown (``attach`` prints it)
+    supervisor.log               the supervisor's own stderr, once it has left the ssh session
+    supervisor.pid               in the record only: the supervisor's pid (the mirror leaves it there)
+    stop-request.json            in the record only: who asked the run to stop (``down``), for the supervisor
+    notify-pending.json          the notifications the supervisor could not deliver (no route out), for here to send
+    notify-sent.json             here only: what this machine did with each of them
 """
 
 from __future__ import annotations

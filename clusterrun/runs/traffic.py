@@ -60,8 +60,8 @@ class WrongNic:
         peers = ", ".join(self.peers[:3]) + (" ..." if len(self.peers) > 3 else "")
         if self.kind == "sockets_not_rdma":
             return (f"{self.node}: the ranks' traffic to the other nodes goes over sockets on {self.nic} at "
-                    f"{_rate(self.rate)} (to {peers}) while the RDMA counters stay flat: {self.cause}")
-        return (f"{self.node}: the ranks' traffic to the other nodes goes over {self.nic} at {_rate(self.rate)} "
+                    f"{rate_text(self.rate)} (to {peers}) while the RDMA counters stay flat: {self.cause}")
+        return (f"{self.node}: the ranks' traffic to the other nodes goes over {self.nic} at {rate_text(self.rate)} "
                 f"(to {peers}), not the data NIC {self.data_nic or '?'}: {self.cause}")
 
     def record_event(self) -> dict[str, Any]:
@@ -75,7 +75,10 @@ class WrongNic:
                 "cause": self.cause, "time": self.time, "text": self.message()}
 
 
-def _rate(bps: float) -> str:
+def rate_text(bps: float | None) -> str:
+    """Bytes per second in words (``12.3 MB/s``); ``-`` for no reading."""
+    if bps is None:
+        return "-"
     for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
         if bps >= scale:
             return f"{bps / scale:.1f} {unit}"

@@ -40,7 +40,7 @@ class FanOut(Generic[T]):
     @property
     def problems(self) -> dict[str, str]:
         """One line per failed node: the error's ``reason`` (its message without the node's name)."""
-        return {name: getattr(exc, "reason", None) or str(exc) for name, exc in self.errors.items()}
+        return {name: exc.reason for name, exc in self.errors.items()}
 
 
 def fan_out(nodes: Iterable[N], name: Callable[[N], str], fn: Callable[[N], T], *, label: str = "node",

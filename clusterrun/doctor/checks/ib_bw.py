@@ -100,7 +100,7 @@ def _measure(ctx: Context, client: Node, server: Node, nics: tuple[Nic, Nic]) ->
                 break
             time.sleep(0.3)
     except ClusterrunError as exc:
-        return Measure(client.name, server.name, nics, None, getattr(exc, "reason", None) or str(exc), ())
+        return Measure(client.name, server.name, nics, None, exc.reason, ())
     finally:
         srv.abort()
     output = res.stdout + res.stderr

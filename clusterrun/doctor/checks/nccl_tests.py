@@ -58,7 +58,7 @@ def _run(ctx: Context, node: Node, tool: str) -> Run:
     try:
         res = ctx.transports[node.name].run(argv, timeout=limit + 30)
     except ClusterrunError as exc:
-        return Run(node.name, None, getattr(exc, "reason", None) or str(exc), ())
+        return Run(node.name, None, exc.reason, ())
     output = res.stdout + res.stderr
     evidence = (Evidence(command, output[-20000:], res.exit_code, node.name),)
     try:

@@ -85,7 +85,7 @@ def _builtin(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float, vouched
             return Transfer(src.node, dst.node, None, "builtin", _no_connect(src, dst, port, sent[0]), evidence, False)
         got = reader.wait_for("RECEIVED", 15)
     except ClusterrunError as exc:
-        return Transfer(src.node, dst.node, None, "builtin", getattr(exc, "reason", str(exc)), ())
+        return Transfer(src.node, dst.node, None, "builtin", exc.reason, ())
     finally:
         stream.abort()
     evidence = (Evidence(f"probe send {dst.address}:{port} {seconds:g}s", res.stdout + res.stderr, res.exit_code,
@@ -114,7 +114,7 @@ def _iperf(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float, vouched: 
             evidence = (Evidence(f"probe connect {dst.address}:{port}", res.stdout + res.stderr, res.exit_code,
                                  src.node),)
     except ClusterrunError as exc:
-        return Transfer(src.node, dst.node, None, "iperf3", getattr(exc, "reason", str(exc)), ())
+        return Transfer(src.node, dst.node, None, "iperf3", exc.reason, ())
     finally:
         stream.abort()  # type: ignore[attr-defined]
     if not reply.startswith("CONNECTED"):
@@ -154,7 +154,7 @@ def _iperf_run(ctx: Context, src: Endpoint, dst: Endpoint, seconds: float, port:
                 "-B", src.address, "-J"]
         res = ctx.transports[src.node].run(tool_argv(ctx, argv), timeout=seconds + 30)
     except ClusterrunError as exc:
-        return Transfer(src.node, dst.node, None, "iperf3", getattr(exc, "reason", str(exc)), (), True)
+        return Transfer(src.node, dst.node, None, "iperf3", exc.reason, (), True)
     finally:
         server.abort()
     # The server's own complaints (iperf3 prints "iperf3: error - ...: Bad file descriptor" when its client goes
@@ -326,7 +326,7 @@ def master_port(ctx: Context) -> Iterator[Finding]:
                 res = ctx.transports[node].run(argv, timeout=CONNECT_TIMEOUT + 20)
                 return node, (res.stdout.strip().splitlines() or ["FAILED no output"])[-1]
             except ClusterrunError as exc:
-                return node, f"FAILED {getattr(exc, 'reason', exc)}"
+                return node, f"FAILED {exc.reason}"
 
         results = parallel([lambda n=n.name: connect(n) for n in reachable[1:]])
     finally:

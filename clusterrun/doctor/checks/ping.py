@@ -126,7 +126,7 @@ def _node_pings(ctx: Context, node: str, pairs: list[tuple[Network, Endpoint, En
         res = ctx.transports[node].run(tool_argv(ctx, ["sh", "-c", _SCRIPT, "sh", *args]),
                                        timeout=turns * (deadline + 2) + 10)
     except ClusterrunError as exc:
-        reason = getattr(exc, "reason", None) or str(exc)
+        reason = exc.reason
         return [PingOutcome(net, src, dst, None, reason, Evidence(cmd, reason, None, node))
                 for (net, src, dst), cmd in zip(pairs, commands, strict=True)]
     sections = split_sections(res.stdout, len(pairs))
