@@ -189,8 +189,8 @@ def test_a_restart_on_the_serialized_plan_is_the_planners(inventory: str, first:
     import dataclasses
 
     from clusterrun.inventory.yaml_source import load_inventory
-    from clusterrun.plan import JobSpec, build_plan
-    from clusterrun.planfile import LaunchPlan
+    from clusterrun.planning.plan import JobSpec, build_plan
+    from clusterrun.planning.planfile import LaunchPlan
 
     inv = load_inventory(Path(__file__).parent.parent / "inventories" / inventory)
     job = JobSpec(script="train.py", run_id="20261127-101500-abcd", args=("--lr", "0.1"), restarts=3)
@@ -208,8 +208,8 @@ def test_a_plan_without_a_lost_node_on_the_serialized_plan_is_the_planners(inven
     import dataclasses
 
     from clusterrun.inventory.yaml_source import load_inventory
-    from clusterrun.plan import JobSpec, build_plan
-    from clusterrun.planfile import LaunchPlan
+    from clusterrun.planning.plan import JobSpec, build_plan
+    from clusterrun.planning.planfile import LaunchPlan
 
     inv = load_inventory(Path(__file__).parent.parent / "inventories" / inventory)
     job = JobSpec(script="train.py", run_id="20261127-101500-abcd", args=("--nnodes", "9"), restarts=2)
@@ -236,8 +236,8 @@ def test_a_spare_planned_beside_the_nodes_takes_a_lost_nodes_place_as_the_planne
     import dataclasses
 
     from clusterrun.inventory.yaml_source import load_inventory
-    from clusterrun.plan import JobSpec, build_plan
-    from clusterrun.planfile import LaunchPlan
+    from clusterrun.planning.plan import JobSpec, build_plan
+    from clusterrun.planning.planfile import LaunchPlan
 
     inv = load_inventory(Path(__file__).parent.parent / "inventories" / "four-node-infiniband.yaml")
     names = [n.name for n in inv.nodes]

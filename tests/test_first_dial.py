@@ -1,5 +1,5 @@
 """``clusterrun up INVENTORY SCRIPT`` dials the nodes' sshd before the rest of clusterrun loads
-(clusterrun/cli/first_dial.py, clusterrun/transport/dial.py), and the SSH transport carries on over that
+(clusterrun/cli/first_dial.py, clusterrun/transport/ssh/dial.py), and the SSH transport carries on over that
 connection; every other command line dials nothing."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from simjobs import write_inventory
 
 from clusterrun.cli import first_dial
 from clusterrun.cli.up_cmd import up
-from clusterrun.transport import dial
+from clusterrun.transport.ssh import dial
 
 
 def test_the_options_read_as_taking_a_value_are_ups_own() -> None:

@@ -1,6 +1,6 @@
 """Doctor and `up` read one nvidia-smi round the same way: the node reporter's GPU part (remote/gpufacts.py, run
 here against the stand-in nvidia-smi replaying recorded output) is fed to doctor's ``gpu.busy`` check and to
-up's GPU choice (clusterrun/gpuchoice.py), and they must agree on every GPU: busy or free, and why."""
+up's GPU choice (clusterrun/planning/gpuchoice.py), and they must agree on every GPU: busy or free, and why."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 from gpunodes import smi_command
 
 import clusterrun.doctor.checks.gpu  # noqa: F401  (registers the checks)
-from clusterrun import gpuchoice
 from clusterrun.doctor.facts import FACTS, NodeFacts, Section
 from clusterrun.doctor.model import Verdict
 from clusterrun.doctor.probe import PROGRAM_COMMANDS
 from clusterrun.doctor.registry import CHECKS, Context, Options
 from clusterrun.facts.node import LINE, ProbedNode
 from clusterrun.inventory.models import Inventory
+from clusterrun.planning import gpuchoice
 from clusterrun.remote import gpufacts
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -1,7 +1,8 @@
 """The package's layers: imports only run down, and code that runs on the nodes lives in clusterrun/remote/.
 
 From the bottom: errors, waits (Ctrl-C-safe waits) and remote (node-side programs), inventory (models and loaders), facts (parsers of
-tool output, a node's NICs, log hints), plan/nccl/network/gpuchoice (pure planning), transport, runs (the run record)
+tool output, a node's NICs, log hints), planning (the plan, NCCL rules, data network, container command, GPU choice,
+the plan completed from facts), transport (local, Slurm, and SSH in transport/ssh/), runs (the run record)
 and notify (webhooks), agents (clusterrun's side of the node agent: its specs, starting it, collect and sweep),
 launch (`up`), ops (exec, down, logs, init), doctor, report (the HTML pages of runs and doctor rounds), cli. A module may import its own layer and those below,
 at the top of the file or inside a function alike; no modules import each other, directly or around a circle.
@@ -23,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"errors", "remote", "redact", "waits"},
     {"inventory"},
     {"facts"},
-    {"plan", "planfile", "nccl", "network", "gpuchoice", "container"},
+    {"planning"},
     {"transport"},
     {"runs", "notify"},
     {"agents"},
@@ -240,10 +241,23 @@ def test_a_run_s_marks_are_spelled_once() -> None:
     assert [name for name, _ in spelled] == ["clusterrun.remote.protocol"] * len(marks), spelled
 
 
-def test_launch_holds_at_most_thirteen_modules() -> None:
-    # `up` alone: what serves other commands too (the agent link, collect, sweep) lives in clusterrun/agents/.
+def test_launch_holds_at_most_twelve_modules() -> None:
+    # `up` alone: what serves other commands too (the agent link, collect, sweep, gather) lives in
+    # clusterrun/agents/, the plan completed from the nodes' facts in clusterrun/planning/.
     modules = [p.name for p in (ROOT / "launch").glob("*.py") if p.name != "__init__.py"]
-    assert len(modules) <= 13, sorted(modules)
+    assert len(modules) <= 12, sorted(modules)
+
+
+def test_the_rooms_hold_what_they_are_for() -> None:
+    # Planning is one package; SSH is a subpackage of transport; nothing outside launch/ and detached/ imports
+    # launch/ but the CLI, doctor (its cluster all-reduce is a real `up`) and the report (the record's types).
+    assert {p.stem for p in (ROOT / "planning").glob("*.py")} >= {"plan", "planfile", "nccl", "network", "container",
+                                                                  "gpuchoice", "complete"}
+    assert not [p.name for p in (ROOT / "transport").glob("*.py") if "ssh" in p.name or p.stem in (
+        "known_hosts", "jump_spec", "paramiko_lib", "dial")]
+    users = {_name(path) for path in _modules() for _line, target in _imports(path)
+             if target.startswith("clusterrun.launch") and _part(_name(path)) not in ("launch", "detached")}
+    assert {_part(user) for user in users} <= {"cli", "doctor", "report", "ops"}, sorted(users)
 
 
 MAX_LINES = 400

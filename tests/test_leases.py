@@ -18,10 +18,11 @@ from simjobs import clusterrun_env
 from clusterrun.errors import GpusLeased
 from clusterrun.facts.leases import held_gpus, parse_leases
 from clusterrun.facts.node import ProbedNode
-from clusterrun.gpuchoice import spare_leased
 from clusterrun.inventory.yaml_source import parse_inventory_text
-from clusterrun.launch.replan import GpuWait, with_slurm_topology
-from clusterrun.plan import JobSpec, build_plan
+from clusterrun.launch.ready import GpuWait
+from clusterrun.planning.complete import with_slurm_topology
+from clusterrun.planning.gpuchoice import spare_leased
+from clusterrun.planning.plan import JobSpec, build_plan
 from clusterrun.remote import leases
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -29,9 +29,9 @@ from clusterrun.facts.nics import reconcile
 from clusterrun.facts.node import ProbedNode, parse_output, read_facts
 from clusterrun.facts.parsers import ibstat
 from clusterrun.facts.parsers.ibstat import PhysState, PortState
-from clusterrun.gpuchoice import every_gpu
 from clusterrun.inventory.models import Inventory, Nic, NicKind
-from clusterrun.plan import JobSpec, build_plan
+from clusterrun.planning.gpuchoice import every_gpu
+from clusterrun.planning.plan import JobSpec, build_plan
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 KERNEL_STATE = {PortState.DOWN: "1: DOWN", PortState.INIT: "2: INIT", PortState.ARMED: "3: ARMED",

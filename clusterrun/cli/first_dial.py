@@ -3,7 +3,7 @@
 Only the plain case is read here, with the standard library, PyYAML and clusterrun's ssh_config reader: ``up``'s
 options are skipped by name (:data:`VALUE_OPTIONS` take a value; a test holds the list equal to the command's),
 the inventory file is read without validation, and each node reached over SSH directly (no jump host, no
-ProxyCommand) is dialled as its transport will resolve it (:func:`clusterrun.transport.ssh_resolve.host_config`,
+ProxyCommand) is dialled as its transport will resolve it (:func:`clusterrun.transport.ssh.resolve.host_config`,
 whose answer the transport reuses). Anything else (another command, ``--ips``/``--hostfile``/``--slurm``, a dry
 run, an inventory this cannot read) dials nothing: the command connects as it always did, and reports every
 problem itself, validated, with its file and line.
@@ -66,11 +66,11 @@ def _ssh_nodes(data: Any) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def _dial_node(host: str, settings: Mapping[str, Any]) -> None:
-    from clusterrun.transport import dial
-    from clusterrun.transport.ssh_config import config_files
-    from clusterrun.transport.ssh_resolve import host_config
-    from clusterrun.transport.ssh_target import DEFAULT_CONNECT_TIMEOUT
-    from clusterrun.transport.ssh_words import expand_tokens, parse_port
+    from clusterrun.transport.ssh import dial
+    from clusterrun.transport.ssh.config import config_files
+    from clusterrun.transport.ssh.resolve import host_config
+    from clusterrun.transport.ssh.target import DEFAULT_CONNECT_TIMEOUT
+    from clusterrun.transport.ssh.words import expand_tokens, parse_port
 
     if settings.get("jump_host") or host in ("localhost", "127.0.0.1", "::1"):
         return
@@ -107,7 +107,7 @@ def dial_nodes(argv: Sequence[str]) -> int:
             return 0
         import threading
 
-        from clusterrun.transport.dial import MAX_DIALS
+        from clusterrun.transport.ssh.dial import MAX_DIALS
 
         for host, settings in nodes[:MAX_DIALS]:  # ssh_config is read by `ssh -G`: a process per host, at once
             threading.Thread(target=_dial_quietly, args=(host, settings), daemon=True, name=f"resolve-{host}").start()

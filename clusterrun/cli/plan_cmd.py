@@ -37,7 +37,8 @@ def plan(inv: Any, plan: Any, runs_dir: Any, as_json: bool, probe: bool) -> int:
     from clusterrun.cli.render import plan_json, print_plan
 
     if probe:  # the nodes' NICs (one node's ranks talk over loopback) and the GPUs each one sees
-        from clusterrun.launch.replan import gather, plan_with_facts
+        from clusterrun.agents.gather import gather
+        from clusterrun.planning.complete import plan_with_facts
         from clusterrun.transport.factory import open_transports
 
         transports = open_transports(inv, plan)

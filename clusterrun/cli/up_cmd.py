@@ -149,9 +149,9 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         max_restarts: int | None, min_nodes: int | None, restart_backoff: float | None, wait_gpus: float | None,
         sample_every: float | None, notify: tuple[str, ...]) -> int:
     from clusterrun.cli.render import plan_json, print_plan, print_summary
-    from clusterrun.launch.replan import with_restarts
     from clusterrun.launch.settings import RestartSettings
     from clusterrun.launch.up import execute
+    from clusterrun.planning.complete import with_restarts
 
     run = inv.run
     restarts = RestartSettings(

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from clusterrun.container import RUNTIME_SETTINGS, build_container
 from clusterrun.inventory.models import Inventory, Node
+from clusterrun.planning.container import RUNTIME_SETTINGS, build_container
 
 
 def image_command(inv: Inventory, node: Node) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -54,7 +54,7 @@ def with_probed_nics(inv: Inventory, facts: dict[str, NodeFacts]) -> Inventory:
 def with_probed_gpus(inv: Inventory, facts: dict[str, NodeFacts]) -> Inventory:
     """Nodes nobody listed GPUs for (one-liners without --gpus) get every GPU their reporter found, as ``up``
     gives them a process each, so the GPU checks look at the GPUs a run would use."""
-    from clusterrun.gpuchoice import every_gpu
+    from clusterrun.planning.gpuchoice import every_gpu
 
     offered = {name: f.report.gpu_indices for name, f in facts.items() if f.report is not None}
     return every_gpu(inv, offered, nproc_given=False)[0]

@@ -8,7 +8,7 @@ each naming the node, and the part that could be read is kept. Where nvidia-smi 
 node's own ``CUDA_VISIBLE_DEVICES`` is still read (:func:`read_unlisted`): the run keeps the node's limit, never
 renumbers it.
 
-This is the one reading of a node's GPUs: ``up`` chooses from it (:mod:`clusterrun.gpuchoice`) and doctor's GPU
+This is the one reading of a node's GPUs: ``up`` chooses from it (:mod:`clusterrun.planning.gpuchoice`) and doctor's GPU
 checks judge it (each nvidia-smi call's exit status and output are kept in :attr:`NodeGpus.calls`, the evidence
 doctor shows); :func:`busy` is the one rule of when a GPU is in use. Pure.
 """

@@ -4,7 +4,7 @@ A run leases each GPU it uses on a node for its whole life (``clusterrun/remote/
 kernel releases when the holder dies). The node reports the leases held now as ``{"<gpu>": {"run", "user",
 "since", "pid", "node"}}``; :func:`parse_leases` reads that, :func:`held_gpus` turns the reports of a run's
 nodes into what the GPU choice needs: per node, ``{gpu: "run R of alice since 17:00:03 (pid 4242)"}``; the GPU
-decision (:mod:`clusterrun.gpuchoice`) never takes a leased GPU. Pure.
+decision (:mod:`clusterrun.planning.gpuchoice`) never takes a leased GPU. Pure.
 """
 
 from __future__ import annotations

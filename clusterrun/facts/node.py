@@ -4,7 +4,7 @@ Every command that needs to know what a node has runs the same node-side reporte
 (``clusterrun/remote/nodefacts.py``): ``up`` in its ready check, ``plan --probe``, ``init``, and doctor.
 :func:`parse_report` turns what it printed into a :class:`NodeReport`; ``up``/``plan``/``init`` read the
 network part as :class:`NetFacts` (see :func:`read_facts`), doctor's checks read the whole record; both give
-nodes nobody listed GPUs for the ones the reporter counted (:func:`clusterrun.gpuchoice.every_gpu`). Pure.
+nodes nobody listed GPUs for the ones the reporter counted (:func:`clusterrun.planning.gpuchoice.every_gpu`). Pure.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from clusterrun.errors import ClusterrunError, StartError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.launch.console import Console
 from clusterrun.launch.watch import Link, at_fault
-from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.planning.plan import LaunchPlan, NodePlan
 from clusterrun.remote import session
 from clusterrun.runs import RunDir
 from clusterrun.transport.base import Transport

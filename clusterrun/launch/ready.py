@@ -13,6 +13,7 @@ every agent is dropped, and nothing is started anywhere.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import posixpath
 import time
@@ -22,10 +23,10 @@ from pathlib import Path
 
 from clusterrun.agents.link import AgentLink, open_link
 from clusterrun.agents.spec import check_spec
-from clusterrun.errors import ClusterrunError, NodeNotReady, NoTorch, PythonNotFound, StartError
+from clusterrun.errors import ClusterrunError, GpusLeased, NodeNotReady, NoTorch, PythonNotFound, StartError
 from clusterrun.facts.node import ProbedNode
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.planning.plan import LaunchPlan, NodePlan
 from clusterrun.remote import protocol, session
 from clusterrun.runs.timeline import Timeline
 from clusterrun.transport.base import Transport
@@ -280,3 +281,38 @@ def drop(ready: Mapping[str, NodeReady]) -> None:
     for r in ready.values():
         if r.link is not None:
             r.link.abort()
+
+
+FIRST_DELAY = 2.0
+MAX_DELAY = 30.0
+
+
+class GpuWait:
+    """The waits of one ``up --wait-gpus [SECONDS]``: ``limit`` seconds in all (inf: no limit), each announced
+    through ``say``.
+
+    When the ready check finds GPUs the run needs leased by other runs (:class:`GpusLeased`), the agents are
+    dropped, a line says who holds what and when the next look is, and the ready check runs again after a
+    backoff (doubling from 2 s, at most 30 s: a queue of runs should not hammer the nodes' sshd, and a freed GPU
+    should not idle long). Past the time limit the refusal stands, naming the holders."""
+
+    def __init__(self, limit: float, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.limit, self.say, self.clock, self.sleep = limit, say, clock, sleep
+        self.started = clock()
+        self.waits = 0
+
+    def again(self, refused: GpusLeased) -> bool:
+        """Wait before the next ready check and return True; False when the time limit is past (the caller
+        raises ``refused``)."""
+        left = self.limit - (self.clock() - self.started)
+        if left <= 0:
+            return False
+        delay = min(FIRST_DELAY * 2 ** self.waits, MAX_DELAY, left)
+        self.waits += 1
+        held = "; ".join(f"{node}: {why.split('; list other GPUs')[0].split('; two runs never')[0]}"
+                         for node, why in refused.problems.items())
+        limit = "" if math.isinf(self.limit) else f", giving up in {left:.0f}s"
+        self.say(f"waiting for GPUs ({held}); next look in {delay:.0f}s{limit}")
+        self.sleep(delay)
+        return True

@@ -29,13 +29,13 @@ from clusterrun.launch.outcome import (
     whole_run,
 )
 from clusterrun.launch.pathcheck import FullCheck, check_paths
-from clusterrun.launch.ready import NodeReady, check_ready, drop, image_lines, remove_archives
+from clusterrun.launch.ready import GpuWait, NodeReady, check_ready, drop, image_lines, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
-from clusterrun.launch.replan import GpuWait, plan_with_facts, with_restarts
 from clusterrun.launch.settings import RestartSettings, SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier
-from clusterrun.plan import JobSpec, LaunchPlan, build_plan
+from clusterrun.planning.complete import plan_with_facts, with_restarts
+from clusterrun.planning.plan import JobSpec, LaunchPlan, build_plan
 from clusterrun.runs import NodeRecord, RunDir, RunRecord, RunState, new_run_id, read_record, write_record
 from clusterrun.runs.record import AttemptRecord, tag_events
 from clusterrun.runs.timeline import Timeline, slow_phases

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from clusterrun.facts.nics import reconcile
 from clusterrun.facts.node import ProbedNode, read_facts
 from clusterrun.inventory.models import Inventory, Nic
-from clusterrun.network import resolve_data_network
+from clusterrun.planning.network import resolve_data_network
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,6 @@ def render(inv: Inventory, gpus: Mapping[str, Gpus], ssh_addresses: Mapping[str,
 
 
 def complete(inv: Inventory, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, dict[str, str]]:
-    """``inv`` with every node's probed NICs, and the addresses SSH reached (from ``replan.gather``)."""
+    """``inv`` with every node's probed NICs, and the addresses SSH reached (from ``agents.gather``)."""
     facts, _unknown, ssh = read_facts(ready)
     return reconcile(inv, facts).inventory, ssh

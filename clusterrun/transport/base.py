@@ -1,7 +1,7 @@
 """The transport protocol: run a command on a node, or start one and talk to it.
 
 Implementations: :mod:`clusterrun.transport.local` (subprocess, for nodes with
-``transport: local``) and :mod:`clusterrun.transport.ssh` (one SSH connection per
+``transport: local``) and :mod:`clusterrun.transport.ssh.transport` (one SSH connection per
 node, reused for every command). Library errors are turned into
 :class:`clusterrun.errors.TransportError` subclasses at this edge.
 """
@@ -82,7 +82,7 @@ class Transport(abc.ABC):
     node: str
     is_local: bool = False
     #: When the connection's TCP dial began (epoch seconds), where it was dialled before the transport was made
-    #: (:mod:`clusterrun.transport.dial`); None otherwise.
+    #: (:mod:`clusterrun.transport.ssh.dial`); None otherwise.
     dialled: float | None = None
 
     def connect(self) -> None:  # noqa: B027 - optional hook

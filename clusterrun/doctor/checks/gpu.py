@@ -18,7 +18,7 @@ from clusterrun.facts.gpus import BUSY_MEMORY_MIB, BUSY_UTILIZATION_PCT, GpuUse,
 from clusterrun.facts.parsers.topo import LinkKind
 from clusterrun.inventory.hostlist import compress_numbers
 from clusterrun.inventory.models import Node
-from clusterrun.network import resolve_data_network
+from clusterrun.planning.network import resolve_data_network
 
 NEEDS = "nodes with GPUs listed in the inventory"
 UNPARSED_HINT = ("run the command on the node by hand; if its output looks right, report it together with this "

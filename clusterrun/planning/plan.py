@@ -2,7 +2,7 @@
 
 ``build_plan(inventory, job)`` assigns node ranks, finds the master address on the
 data network, builds the torchrun argv and the environment (rules from
-:mod:`clusterrun.nccl`, then ``defaults.env``, the node's ``env``, then ``--env``;
+:mod:`clusterrun.planning.nccl`, then ``defaults.env``, the node's ``env``, then ``--env``;
 later wins, and each variable records where it came from). ``clusterrun plan`` and
 ``clusterrun up --dry-run`` print this object; ``up`` executes the same object.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 
-from clusterrun.container import build_container
 from clusterrun.errors import PlanError
 from clusterrun.inventory.models import Inventory, Node, Transport
-from clusterrun.nccl import RuleContext, rule_env
-from clusterrun.network import DataNetwork, resolve_data_network
-from clusterrun.planfile import (  # noqa: F401 - the plan's records, imported from here by most of clusterrun
+from clusterrun.planning.container import build_container
+from clusterrun.planning.nccl import RuleContext, rule_env
+from clusterrun.planning.network import DataNetwork, resolve_data_network
+from clusterrun.planning.planfile import (  # noqa: F401 - the plan's records, imported from here by most of clusterrun
     CPU_BIND_VAR,
     MAX_RESTARTS_VAR,
     REMOTE_RUNS_DIR,
@@ -121,7 +121,7 @@ def _env(inv: Inventory, index: int, node: Node, ctx: RuleContext, job: JobSpec,
 def build_plan(inv: Inventory, job: JobSpec, ssh_addresses: Mapping[str, str] | None = None,
                probed: tuple[str, ...] = (), gpu_env: Mapping[str, tuple[EnvVar, ...]] | None = None) -> LaunchPlan:
     """Compute the launch plan. Pure. ``gpu_env``: per node, the variables its GPU facts give (see
-    :mod:`clusterrun.launch.replan`). Raises :class:`PlanError` when the job does not fit the inventory."""
+    :mod:`clusterrun.planning.complete`). Raises :class:`PlanError` when the job does not fit the inventory."""
     data: DataNetwork = resolve_data_network(inv, ssh_addresses)
     ordered, order_words = _ordered(inv, job.rank_order or inv.network.rank_order)
     master_node = ordered[0][1]

@@ -1,49 +1,23 @@
-"""After preflight: complete the plan with what the nodes really have, or stop when they contradict it; how long
-to wait for GPUs other runs hold (``--wait-gpus``). Which nodes a restart runs on is launch/outcome.py's
-``recompose``."""
+"""The plan completed from what the nodes report: each node's data NIC and addresses from its facts, the GPUs it
+gives the run (``gpuchoice``), the master port its ready check chose, Slurm's topology order; or the run stopped
+where the nodes contradict the inventory. ``with_restarts``: the plan of a run clusterrun may restart."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from clusterrun import gpuchoice, remote
-from clusterrun.errors import ClusterrunError, GpusLeased, PlanError, StartError
+from clusterrun.errors import PlanError, StartError
 from clusterrun.facts.gpus import NodeGpus
 from clusterrun.facts.leases import held_gpus
 from clusterrun.facts.nics import reconcile
-from clusterrun.facts.node import LINE, ProbedNode, read_facts
+from clusterrun.facts.node import ProbedNode, read_facts
 from clusterrun.inventory.models import Inventory
-from clusterrun.plan import CPU_BIND_VAR, EnvVar, JobSpec, LaunchPlan, NodePlan, build_plan
-from clusterrun.transport.base import Transport
-from clusterrun.transport.fanout import on_every_node
+from clusterrun.planning import gpuchoice
+from clusterrun.planning.plan import CPU_BIND_VAR, EnvVar, JobSpec, LaunchPlan, build_plan
 
 MISMATCH_HINT = ("the inventory and the nodes disagree: fix the inventory (or the node); `clusterrun doctor "
                  "<inventory> --checks nic` shows every NIC; no node was started")
-
-
-def gather(plan: LaunchPlan, transports: Mapping[str, Transport]) -> dict[str, ProbedNode]:
-    """Only the facts of every node, in parallel, from the node reporter (``plan --probe``, ``init``: nothing is
-    created on the nodes).
-
-    Raises :class:`StartError` naming every node that could not be probed.
-    """
-    def one(node: NodePlan) -> ProbedNode:
-        res = transports[node.name].run(remote.argv(node.python, "nodefacts"), timeout=60)
-        line = next((x for x in res.stdout.splitlines() if x.startswith(LINE)), None)
-        if line is None:
-            raise ClusterrunError(f"probing with {node.python} failed (exit {res.exit_code}): {res.tail(2) or 'no output'}")
-        facts = json.loads(line[len(LINE):])
-        return ProbedNode(node.name, net=facts.get("net"), ssh_address=transports[node.name].peer_address(),
-                          gpus=facts.get("gpus"), gpu_model=facts.get("gpu_model"), gpu=facts.get("gpu"))
-
-    out, problems = on_every_node(plan.nodes, lambda n: n.name, one, "facts")
-    if problems:
-        raise StartError(problems, hint="the nodes named could not be probed")
-    return out
 
 
 def with_master_port(plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[JobSpec, list[str]]:
@@ -95,7 +69,7 @@ def _gpu_env(facts: NodeGpus, choice: gpuchoice.GpuChoice, cpu_bind: str) -> tup
 
 
 def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode]) -> tuple[Inventory, LaunchPlan]:
-    """The inventory completed with the nodes' GPUs (:func:`clusterrun.gpuchoice.for_run`, clear of the GPUs
+    """The inventory completed with the nodes' GPUs (:func:`clusterrun.planning.gpuchoice.for_run`, clear of the GPUs
     other runs lease and of busy ones) and network facts, and the plan made from it
     with the master port the master chose. A single node's NICs are not looked at (its ranks talk over loopback).
     Raises :class:`StartError` naming each node that cannot give the run its GPUs, or whose listed NICs,
@@ -130,41 +104,6 @@ def plan_with_facts(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, Probed
     if unknown or gpu_warnings:
         new = dataclasses.replace(new, warnings=(*new.warnings, *gpu_warnings, *unknown))
     return result.inventory, new
-
-
-FIRST_DELAY = 2.0
-MAX_DELAY = 30.0
-
-
-class GpuWait:
-    """The waits of one ``up --wait-gpus [SECONDS]``: ``limit`` seconds in all (inf: no limit), each announced
-    through ``say``.
-
-    When the ready check finds GPUs the run needs leased by other runs (:class:`GpusLeased`), the agents are
-    dropped, a line says who holds what and when the next look is, and the ready check runs again after a
-    backoff (doubling from 2 s, at most 30 s: a queue of runs should not hammer the nodes' sshd, and a freed GPU
-    should not idle long). Past the time limit the refusal stands, naming the holders."""
-
-    def __init__(self, limit: float, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self.limit, self.say, self.clock, self.sleep = limit, say, clock, sleep
-        self.started = clock()
-        self.waits = 0
-
-    def again(self, refused: GpusLeased) -> bool:
-        """Wait before the next ready check and return True; False when the time limit is past (the caller
-        raises ``refused``)."""
-        left = self.limit - (self.clock() - self.started)
-        if left <= 0:
-            return False
-        delay = min(FIRST_DELAY * 2 ** self.waits, MAX_DELAY, left)
-        self.waits += 1
-        held = "; ".join(f"{node}: {why.split('; list other GPUs')[0].split('; two runs never')[0]}"
-                         for node, why in refused.problems.items())
-        limit = "" if math.isinf(self.limit) else f", giving up in {left:.0f}s"
-        self.say(f"waiting for GPUs ({held}); next look in {delay:.0f}s{limit}")
-        self.sleep(delay)
-        return True
 
 
 def with_restarts(inv: Inventory, plan: LaunchPlan, max_restarts: int) -> LaunchPlan:

@@ -3,7 +3,7 @@
 ``up`` needs paramiko, pydantic and the rest of itself (a few tenths of a second of imports) before its first SSH
 handshake can begin; the TCP connection it needs first does not. :func:`dial` opens it from the first moments
 of the process (standard library only), in a thread per host, and :func:`take` hands the socket to the SSH
-transport that connects to that host and port (:class:`clusterrun.transport.ssh.SshTransport`), which then
+transport that connects to that host and port (:class:`clusterrun.transport.ssh.transport.SshTransport`), which then
 carries on as if it had connected itself: the key exchange, authentication and every check are the same.
 
 A dial that failed hands its error over instead, so a host that refuses or does not answer is reported exactly

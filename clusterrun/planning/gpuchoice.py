@@ -28,7 +28,7 @@ from clusterrun.facts.gpulinks import Binding, best_set, binding, cpu_list, nic_
 from clusterrun.facts.gpus import NodeGpus, busy, span
 from clusterrun.facts.node import ProbedNode
 from clusterrun.inventory.models import Inventory, Node
-from clusterrun.plan import LaunchPlan
+from clusterrun.planning.plan import LaunchPlan
 
 ALLOW_BUSY_FLAG = "--allow-busy-gpus"
 NPROC_FLAG = "--nproc-per-node"
