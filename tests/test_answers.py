@@ -235,7 +235,7 @@ def test_ps_of_a_real_agent_fits_its_spec() -> None:
 
 def specs_node(tmp_path: Path) -> Any:
     from clusterrun.inventory.models import Transport as TransportKind
-    from clusterrun.plan import NodePlan
+    from clusterrun.planning.plan import NodePlan
 
     return NodePlan(name="n1", host="localhost", transport=TransportKind.local, node_rank=0, nproc_per_node=1,
                     rank_offset=0, gpus=(), python=sys.executable, argv=("true",), cwd=str(tmp_path),

@@ -25,7 +25,7 @@ from typing import Any
 
 from clusterrun import remote
 from clusterrun.errors import CommandTimeout, ConnectError, ProtocolError
-from clusterrun.planfile import NodePlan
+from clusterrun.planning.planfile import NodePlan
 from clusterrun.remote import answers, protocol, session
 from clusterrun.remote.answers import Answer
 from clusterrun.remote.containers import PULLING
