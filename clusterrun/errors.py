@@ -11,7 +11,8 @@
     │   │   ├── ConnectError        connect refused, timed out, unreachable, DNS
     │   │   ├── AuthError           ssh authentication failed
     │   │   ├── HostKeyError        unknown or changed host key
-    │   │   └── CommandTimeout      a command (or a whole fan-out step) did not finish within its timeout
+    │   │   ├── CommandTimeout      a command (or a whole fan-out step) did not finish within its timeout
+    │   │   └── ProtocolError       the node agent answered what this clusterrun cannot read (remote/answers.py)
     │   └── NodeNotReady            reachable, but it cannot run the job as planned
     │       ├── PythonNotFound      the inventory's python does not exist there
     │       └── NoTorch             that python has no torch (or no torchrun)
@@ -122,6 +123,10 @@ class HostKeyError(TransportError):
 
 class CommandTimeout(TransportError):
     """A remote or local command did not finish within its timeout."""
+
+
+class ProtocolError(TransportError):
+    """The node agent sent an answer that does not fit its kind's spec (the reason names the event and field)."""
 
 
 class NodeNotReady(NodeError):

@@ -10,8 +10,16 @@ import math
 from pathlib import Path
 
 from clusterrun.doctor.model import PairMeasure
+from clusterrun.remote import answers
+from clusterrun.remote.decode import decode
 from clusterrun.runs import NodeRecord, RankRecord, RunDir, RunRecord, RunState, read_record, series, write_record
 from clusterrun.runs.judge import Failure, RankState
+
+
+def sample_of(sample: dict) -> answers.Sample:
+    """A node's ``sample`` event as clusterrun reads it (decoded with its spec)."""
+    return decode({**sample, "ev": "sample"}, "node")
+
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real"
 
@@ -150,7 +158,7 @@ def sampled_run(directory: Path, n: int, nproc: int, *, seconds: int = 120, gpus
                 sample["gpus"] = {str(g): {"util": 0 if failed and g == 1 else 93 + (k + g) % 5, "mem": 40000,
                                            "power": 80.0 if failed and g == 1 else 300.0, "temp": 60,
                                            "energy": 1e6 + k * 300.0} for g in range(nproc)}
-            writer.on_sample(name, sample)
+            writer.on_sample(name, sample_of(sample))
     if wrong_nic is not None:
         record = read_record(RunDir(run))
         write_record(RunDir(run), record.with_event({

@@ -8,6 +8,7 @@ from clusterrun.inventory.yaml_source import parse_inventory_text
 from clusterrun.launch.pathcheck import PathReport, _name_suspect, _paths
 from clusterrun.launch.watch import at_fault
 from clusterrun.planning.plan import JobSpec, LaunchPlan, build_plan
+from clusterrun.remote.answers import Reached
 
 ORDER = ["n0", "n1", "n2", "n3"]
 
@@ -41,15 +42,15 @@ def plan_of(n: int) -> LaunchPlan:
                       JobSpec(script="train.py", run_id="r1", local_runs_dir="/tmp/runs", local_cwd="/work"))
 
 
-DEAD = {"tcp": "timed out after 3s", "ping": "failed"}
-OK = {"tcp": None, "ping": None}
+DEAD = Reached(tcp="timed out after 3s", ping="failed")
+OK = Reached(tcp=None, ping=None)
 
 
-def judged(plan: LaunchPlan, answers: dict[str, dict[str, object]], back: dict[str, str],
+def judged(plan: LaunchPlan, answers: dict[str, Reached], back: dict[str, str],
            ring: list[tuple[tuple[str, str], bool]]) -> PathReport:
     """The report of the check given each worker's answer, the master's pings and the workers' pings."""
     report = PathReport(problems={n: "cannot reach n0's master address: timed out; no ping reply either"
-                                  for n, a in answers.items() if a["tcp"]})
+                                  for n, a in answers.items() if a.tcp})
     pinged = {n.data_address: back[n.name] for n in plan.nodes if n.name in back}
     lost, working = _paths(plan.master, [n for n in plan.nodes if n is not plan.master], answers, pinged)
     for path, ok in ring:

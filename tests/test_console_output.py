@@ -7,6 +7,7 @@ from pathlib import Path
 
 from clusterrun.launch.console import BAR_EVERY_PIPE, DISPLAY_MAX, Console
 from clusterrun.launch.relay import LogRelay
+from clusterrun.remote.answers import LogSize
 from clusterrun.runs import RunDir
 
 
@@ -74,7 +75,7 @@ def test_gaps_name_the_rank_the_size_and_where_the_log_stays(tmp_path: Path) -> 
     run = RunDir.create(tmp_path, "r2")
     relay = LogRelay(run, None, {"gpu1": "~/.clusterrun/runs/r2/gpu1"})
     relay.write("gpu1", 8, "stdout", b"a\nb\n")
-    relay.expect("gpu1", {"8/stdout": {"bytes": 10, "lines": 5}, "8/stderr": {"bytes": 0, "lines": 0}})
+    relay.expect("gpu1", {"8/stdout": LogSize(10, lines=5), "8/stderr": LogSize(0, lines=0)})
     relay.expect("gpu2", {})
     [gap] = relay.gaps()
     assert gap.to_dict() == {"node": "gpu1", "rank": 8, "stream": "stdout", "expected_bytes": 10,

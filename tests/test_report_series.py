@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from browser import chromium, dom, screenshot, text_of
-from report_scenarios import big_run, sampled_run
+from report_scenarios import big_run, sample_of, sampled_run
 from rich.console import Console
 
 from clusterrun.cli.main import main
@@ -99,8 +99,8 @@ def test_lines_are_cut_to_at_most_points_and_a_hole_breaks_them(tmp_path: Path) 
     for k in range(1, 7201):
         if 3000 < k <= 3600:
             continue
-        writer.on_sample("n0", {"ev": "sample", "t": T0 + k, "dt": 1.0, "nics": {"ib0": [k % 100 * 1e6, 5e6]},
-                                "ranks": {"0": {"cpu": 0.5}}})
+        writer.on_sample("n0", sample_of({"ev": "sample", "t": T0 + k, "dt": 1.0, "nics": {"ib0": [k % 100 * 1e6, 5e6]},
+                                "ranks": {"0": {"cpu": 0.5}}}))
     assert (tmp_path / "n0" / "metrics-60.jsonl").is_file()  # the oldest part is in minutes now
     got = node_series(tmp_path, "n0", "ib0", T0, 7200.0)
     assert got is not None and got.samples < 7200 - 600  # the folded part counts as fewer samples

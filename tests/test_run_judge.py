@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 
+from clusterrun.remote.answers import Exit
+from clusterrun.remote.decode import decode
 from clusterrun.runs.judge import (
     Failure,
     RankEnd,
@@ -15,8 +17,10 @@ from clusterrun.runs.judge import (
 )
 
 
-def report(rc: int, ranks: dict[int, dict], *, time: float = 100.0, reason: str = "finished") -> dict:
-    return {"rc": rc, "time": time, "reason": reason, "ranks": {str(r): v for r, v in ranks.items()}}
+def report(rc: int, ranks: dict[int, dict], *, time: float = 100.0, reason: str = "finished") -> Exit:
+    """A node's ``exit`` answer as clusterrun reads it (decoded with its spec)."""
+    return decode({"ev": "exit", "rc": rc, "time": time, "reason": reason,
+                   "ranks": {str(r): v for r, v in ranks.items()}}, "a")
 
 
 def test_every_rank_of_a_node_that_exited_0_succeeded() -> None:
@@ -35,7 +39,7 @@ def test_torchruns_root_cause_is_the_nodes_failure_and_the_ranks_it_killed_are_s
 
 
 def test_ranks_of_a_node_clusterrun_was_stopping_are_not_failures() -> None:
-    end = judge_node("b", [2, 3], report(1, {2: {"rc": 128 + 15, "signal": signal.SIGTERM}, 3: {"rc": None}}),
+    end = judge_node("b", [2, 3], report(1, {2: {"rc": 128 + 15, "signal": int(signal.SIGTERM)}, 3: {"rc": None}}),
                      stopping=True)
     assert end.state is RankState.stopped and end.failure is None
     assert {r.state for r in end.ranks.values()} == {RankState.stopped}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from report_scenarios import sample_of
 
 from clusterrun.cli.main import cli, main
 from clusterrun.runs import RunDir, series, traffic
@@ -99,10 +100,10 @@ def test_a_restarted_run_keeps_its_series_across_attempts(tmp_path: Path) -> Non
     writer = series.SeriesWriter(run.path)
     small = [{"ev": "sample", "t": 1000.0 + i, "dt": 1.0, "nics": {"eth1": [1000, 10]}} for i in range(5200)]
     for event in small[:5000]:  # more than an hour and a quarter: the oldest are folded into minutes
-        writer.on_sample("gpu01", event)
+        writer.on_sample("gpu01", sample_of(event))
     run.archive_attempt(1)  # the restart moves the first attempt's node directories away
     for event in small[5000:]:
-        writer.on_sample("gpu01", event)
+        writer.on_sample("gpu01", sample_of(event))
     back = series.read_series(run.path, "gpu01")
     assert (run.path / "attempt-1" / "gpu01" / "metrics-60.jsonl").is_file()
     assert (run.path / "gpu01" / series.RAW).read_text().count("\n") == 200
@@ -121,11 +122,11 @@ def _run(tmp_path: Path) -> Path:
     (run / "plan.json").write_text(json.dumps(plan))
     writer = series.SeriesWriter(run)
     for i in range(20):
-        writer.on_sample("gpu01", typical(1000.0 + i, i))
+        writer.on_sample("gpu01", sample_of(typical(1000.0 + i, i)))
         wrong = {"t": 1000.0 + i, "dt": 1.0, "nics": {"eth0": [300_000_000, 300_000_000], "ib0": [0, 0]},
                  "conns": {"eth0": {"10.0.0.2>10.0.0.1": {"n": 2, "tx": 300_000_000, "rx": 300_000_000}}},
                  "env": {"GLOO_SOCKET_IFNAME": "eth0"}}
-        writer.on_sample("gpu02", wrong)
+        writer.on_sample("gpu02", sample_of(wrong))
     return run
 
 

@@ -200,6 +200,28 @@ def test_node_whose_connection_drops_is_lost_and_the_others_are_stopped(tmp_path
     assert c.log(node(1), 2) == "step 1\n"  # what arrived before the break is kept
 
 
+def test_node_whose_agent_says_what_cannot_be_read_is_lost_with_the_field_named(tmp_path: Path) -> None:
+    def garbles(agent: FakeAgent) -> None:
+        agent.started()
+        agent.out(ranks(agent)[0], "step 1\n")
+        agent.emit({"ev": "rank_failed", "rank": "two", "rc": 3})  # a rank that is no number
+        assert agent.wait_dropped(T), "clusterrun kept reading a node it cannot understand"
+
+    c = Harness(tmp_path, {node(0): runs_until_stopped, node(1): garbles})
+
+    outcome = c.run()
+
+    lost = outcome.nodes[node(1)]
+    assert lost.state is RankState.unknown
+    assert "the node agent's 'rank_failed' event has 'rank' str 'two', not int" in (lost.reason or "")
+    assert outcome.first_failure is not None and (outcome.first_failure.node, outcome.first_failure.rank) == (
+        node(1), None)
+    assert "'rank_failed' event has 'rank'" in outcome.first_failure.detail
+    assert c.transports[node(0)].commands == ["term"] and set(c.rank_states(node(0)).values()) == {RankState.stopped}
+    assert c.log(node(1), 2) == "step 1\n"  # what it said before is kept
+    assert "'rank_failed' event has 'rank'" in c.err.getvalue() + c.out.getvalue()  # shown, not only recorded
+
+
 def test_rank_torchrun_stopped_after_its_sibling_failed_is_stopped_when_only_the_exit_event_tells(
         tmp_path: Path) -> None:
     c = Harness(tmp_path, {node(0): runs_until_stopped, node(1): fails_second_rank_at_exit})

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathLoss, PathWatchState, StragglerWatch
+from clusterrun.remote.answers import Flight, Load, Stack
+from clusterrun.remote.decode import decode
 from clusterrun.remote.pathwatch import PathWatch
 from clusterrun.runs.judge import Failure
 
@@ -144,12 +146,12 @@ def test_a_loss_report_about_a_node_whose_job_ended_is_not_recorded() -> None:
     recorded: list[dict] = []
     watch = DataPathWatch(_state(3), send=lambda node, line: None, say=lambda text: None, lost=lambda v: None,
                           record=recorded.append)
-    lost = {"state": "lost", "peer": "n2", "address": "10.0.0.3", "nic": "eth1", "since": 1.0}
-    watch.on_path("n1", lost, now=10.0, stopping=False, ended={"n2"})
-    watch.on_path("n2", {**lost, "peer": "n0"}, now=10.0, stopping=False, ended={"n2"})
+    lost = {"ev": "path", "state": "lost", "peer": "n2", "address": "10.0.0.3", "nic": "eth1", "since": 1.0}
+    watch.on_path("n1", decode(lost, "n1"), now=10.0, stopping=False, ended={"n2"})
+    watch.on_path("n2", decode({**lost, "peer": "n0"}, "n2"), now=10.0, stopping=False, ended={"n2"})
     assert recorded == []
     assert watch.state.verdict(20.0, ended=set()) is None  # nor counted against anyone
-    watch.on_path("n1", lost, now=10.0, stopping=False, ended=set())
+    watch.on_path("n1", decode(lost, "n1"), now=10.0, stopping=False, ended=set())
     assert [e["kind"] for e in recorded] == ["path-lost"]
 
 
@@ -158,10 +160,10 @@ def test_a_node_busy_while_the_others_wait_is_named_once() -> None:
     events: list[dict] = []
     watch = StragglerWatch(said.append, events.append, windows=3)
     for _ in range(3):
-        watch.on_load("n0", {"cpu": {"0": 0.10, "1": 0.12}})
-        watch.on_load("n1", {"cpu": {"2": 0.95, "3": 0.97}})
-        watch.on_load("n2", {"cpu": {"4": 0.15, "5": 0.11}})
-    watch.on_load("n1", {"cpu": {"2": 0.99}})
+        watch.on_load("n0", Load({"0": 0.10, "1": 0.12}))
+        watch.on_load("n1", Load({"2": 0.95, "3": 0.97}))
+        watch.on_load("n2", Load({"4": 0.15, "5": 0.11}))
+    watch.on_load("n1", Load({"2": 0.99}))
     assert len(said) == 1 and said[0].startswith("n1 looks like a straggler: its ranks kept")
     assert [e["node"] for e in events] == ["n1"]
 
@@ -171,8 +173,8 @@ def test_evenly_busy_nodes_are_no_stragglers() -> None:
     watch = StragglerWatch(said.append, lambda _e: None, windows=2)
     for _ in range(3):
         for node in ("n0", "n1", "n2"):
-            watch.on_load(node, {"cpu": {"0": 0.9}})
-    watch.on_load("n3", {"cpu": {"9": 0.3}})
+            watch.on_load(node, Load({"0": 0.9}))
+    watch.on_load("n3", Load({"9": 0.3}))
     assert said == []
 
 
@@ -200,9 +202,9 @@ def _hang(stacks: dict[int, str], flights: dict[int, bytes]) -> tuple[list[Failu
     for rank in range(4):
         node = f"n{rank // 2}"
         if rank in stacks:
-            hang.on_stack(node, {"rank": rank, "how": "faulthandler"}, stacks[rank].encode())
+            hang.on_stack(node, Stack(rank, "faulthandler"), stacks[rank].encode())
         if rank in flights:
-            hang.on_flight(node, {"rank": rank}, flights[rank])
+            hang.on_flight(node, Flight(rank), flights[rank])
     hang.on_done("n0")
     hang.on_done("n1")
     hang.tick(11.0, {"n0", "n1"}, stopping=False)

@@ -9,5 +9,6 @@ collect.py  ``collect``: a run's missing rank log lines (and what is left of it)
 sweep.py    ``sweep`` and ``ps``: stop or list what is left of a run on one node
 =========== =====================================================================================================
 
-Every answer is read with :mod:`clusterrun.remote.protocol`'s decoder and event names.
+Every answer is read with :mod:`clusterrun.remote.protocol`'s frame decoder, then once into its typed answer
+(:mod:`clusterrun.remote.answers`: one spec per event kind; :mod:`clusterrun.remote.decode`) where frames are read.
 """

@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterrun.agents.link import start_mode
+from clusterrun.agents.link import answered, start_mode
 from clusterrun.agents.spec import collect_spec
 from clusterrun.errors import CommandTimeout
 from clusterrun.remote import protocol
-from clusterrun.remote.protocol import frames
+from clusterrun.remote.answers import Exit, Log, LogSize
 from clusterrun.transport.base import Transport
 
 #: Receives fetched output: (global rank, "stdout" | "stderr", bytes, more of this record follows).
@@ -27,26 +27,26 @@ OutSink = Callable[[int, str, bytes, bool], None]
 @dataclass
 class Collected:
     node: str
-    files: list[dict[str, Any]] = field(default_factory=list)  # per rank file: rank, stream, bytes, lines, skipped_*
+    files: list[Log] = field(default_factory=list)  # per rank file: rank, stream, bytes, lines, skipped_*
     fetched_bytes: int = 0
     fetched_lines: int = 0
     swept: list[int] = field(default_factory=list)  # processes stopped (sweep=True)
     alive: int | None = None  # processes of the run still there (sweep=False); None when unknown
-    record: dict[str, Any] | None = None  # the node's exit.json once its torchrun ended
+    record: Exit | None = None  # the node's exit.json once its torchrun ended
     exit_code: int | None = 0  # of the collect command itself (None: it did not say)
     tail: str = ""  # what it wrote to stderr last, for a failure message
 
     @property
     def skipped_bytes(self) -> int:
-        return sum(int(f.get("skipped_bytes") or 0) for f in self.files)
+        return sum(f.skipped_bytes for f in self.files)
 
     @property
     def skipped_lines(self) -> int:
-        return sum(int(f.get("skipped_lines") or 0) for f in self.files)
+        return sum(f.skipped_lines for f in self.files)
 
-    def sizes(self) -> dict[str, dict[str, Any]]:
-        """``{"<rank>/<stream>": {"bytes", "lines"}}`` as the node reported its files."""
-        return {f"{f['rank']}/{f['stream']}": {"bytes": f.get("bytes"), "lines": f.get("lines")} for f in self.files}
+    def sizes(self) -> dict[str, LogSize]:
+        """Each rank file's size and lines by ``"<rank>/<stream>"``, as the node reported them."""
+        return {f"{f.rank}/{f.stream}": LogSize(f.bytes, lines=f.lines) for f in self.files}
 
 
 def collect(transport: Transport, *, node: str, python: str, run_id: str, run_dir: str,
@@ -73,23 +73,23 @@ def collect(transport: Transport, *, node: str, python: str, run_id: str, run_di
     timer.start()
     out = Collected(node)
     try:
-        for frame in frames(stream.chunks()):
+        for frame in answered(node, stream.chunks()):
             event = frame.event
-            kind = event.get("ev")
+            kind = event.ev
             if kind == protocol.OUT:
-                sink(int(event["rank"]), str(event.get("stream", "stdout")), frame.payload, bool(event.get("open")))
+                sink(event.rank, event.stream, frame.payload, event.open)
                 out.fetched_bytes += len(frame.payload)
                 out.fetched_lines += frame.payload.count(b"\n")
             elif kind == protocol.LOG:
                 out.files.append(event)
             elif kind == protocol.SWEPT:
-                out.swept = list(event.get("pids") or [])
+                out.swept = event.pids
             elif kind == protocol.ALIVE:
-                out.alive = len(event.get("pids") or [])
+                out.alive = len(event.pids)
             elif kind == protocol.RECORD:
-                out.record = event.get("exit")
+                out.record = event.exit
             elif kind in (protocol.LAUNCHER, protocol.ERROR):
-                out.tail = event.get("text", "")
+                out.tail = event.text
     finally:
         timer.cancel()
     if timed_out.is_set():

@@ -6,7 +6,9 @@ the job, clusterrun asks it questions (:meth:`AgentLink.ask`: the ready check, t
 by one event; ``go`` with the run's spec then starts the job in the same process, and the link is handed to
 the supervisor (:meth:`AgentLink.hand_over`), whose event queue gets every frame from then on. One reader
 thread per node decodes the stream from the first byte to the last, so no byte is read twice or lost
-between the two phases.
+between the two phases. Every event is decoded there, once, into its typed answer (:mod:`clusterrun.remote.answers`, :mod:`clusterrun.remote.decode`):
+a frame's ``event`` is that answer from then on. An answer that does not fit its spec ends the link: a
+``stream_error`` that names the node and the field, then the end, as for a broken stream (the node is lost).
 
 Every spec goes on stdin, never on the command line: the run's holds the job's environment (-e, --env-forward,
 inventory env: tokens, passwords), and any user of a node can read every process's command line; the other
@@ -18,14 +20,16 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from clusterrun import remote
-from clusterrun.errors import CommandTimeout, ConnectError
+from clusterrun.errors import CommandTimeout, ConnectError, ProtocolError
 from clusterrun.planning.planfile import NodePlan
-from clusterrun.remote import protocol, session
+from clusterrun.remote import answers, protocol, session
+from clusterrun.remote.answers import Answer
 from clusterrun.remote.containers import PULLING
+from clusterrun.remote.decode import AnswerError, decode
 from clusterrun.remote.protocol import Frame, FrameDecoder, frames
 from clusterrun.transport.base import CommandResult, Stream, Transport
 from clusterrun.waits import queue_get
@@ -49,11 +53,21 @@ def start_mode(transport: Transport, python: str, kind: protocol.Spec, spec: dic
 
 def run_mode(transport: Transport, python: str, kind: protocol.Spec, spec: dict[str, Any], *,
              timeout: float) -> tuple[list[Frame], CommandResult]:
-    """Run the agent's mode ``kind`` to its end with ``spec`` on stdin: its events, decoded, and the command's
-    result (exit code, stderr). Raises what :meth:`Transport.run` raises."""
+    """Run the agent's mode ``kind`` to its end with ``spec`` on stdin: its answers, decoded, and the command's
+    result (exit code, stderr). Raises what :meth:`Transport.run` raises, and :class:`ProtocolError`."""
     res = transport.run(remote.argv(python, "agent", kind.mode, inline=not transport.is_local), timeout=timeout,
                         stdin=_spec_line(spec).encode())
-    return list(frames([res.stdout.encode()])), res
+    return list(answered(transport.node, [res.stdout.encode()])), res
+
+
+def answered(node: str, chunks: Iterable[bytes]) -> Iterator[Frame]:
+    """Every frame of ``node``'s whole stream, its event decoded into its answer. Raises :class:`ProtocolError`
+    at an answer that does not fit its spec."""
+    for frame in frames(chunks):
+        try:
+            yield Frame(decode(frame.event, node), frame.payload)
+        except AnswerError as exc:
+            raise ProtocolError(node, exc.reason) from None
 
 
 class AgentLink:
@@ -67,6 +81,7 @@ class AgentLink:
         self._answers: queue.Queue[Any] = queue.Queue()
         self._sink: queue.Queue[tuple[str, Any]] | None = None
         self._said: list[str] = []  # text the agent printed before the job (a Python too old, a shell's complaint)
+        self.broken: str | None = None  # why this link stopped reading: an answer it could not read
         #: When bytes last came from the node (monotonic), set by the reader as they arrive: the node is alive
         #: even while the frames wait in a queue (a busy or starved clusterrun), so silence is the node's own.
         self.heard = time.monotonic()
@@ -82,16 +97,20 @@ class AgentLink:
             sink.put((self.node, item))  # outside the lock: a full queue holds this reader back, as it should
 
     def _pump(self) -> None:
-        decoder = FrameDecoder()
+        decoder, node = FrameDecoder(), self.node
         try:
             for chunk in self.stream.chunks():
                 self.heard = time.monotonic()
                 for frame in decoder.feed(chunk):
-                    self._put(frame)
+                    self._put(Frame(decode(frame.event, node), frame.payload))
             for frame in decoder.close():
-                self._put(frame)
+                self._put(Frame(decode(frame.event, node), frame.payload))
+        except AnswerError as exc:  # the node says what cannot be read: it is lost, as with a broken stream
+            self.broken = str(exc)
+            self._put(Frame(answers.Said(protocol.STREAM_ERROR, self.broken)))
+            self.stream.abort()
         except Exception as exc:  # a broken stream ends it; the reader of the frames hears why
-            self._put(Frame({"ev": protocol.STREAM_ERROR, "text": str(exc)}))
+            self._put(Frame(answers.Said(protocol.STREAM_ERROR, str(exc))))
         finally:
             self._put(EOF)
 
@@ -102,7 +121,7 @@ class AgentLink:
         return self.stream.send(line if line.endswith("\n") else line + "\n")
 
     def answer(self, kinds: Iterable[str], deadline: float,
-               progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+               progress: Callable[[answers.Pulling], None] | None = None) -> Answer:
         """The next event of one of ``kinds``, by the monotonic ``deadline``; ``progress`` hears the node's
         ``pulling`` events meanwhile. Raises :class:`ConnectError` when the stream ends first and
         :class:`CommandTimeout` at the deadline."""
@@ -117,14 +136,14 @@ class AgentLink:
                 self._answers.put(EOF)  # every later question hears it too
                 raise ConnectError(self.node, self._ended_why())
             event = item.event
-            if event.get("ev") in wanted:
+            if event.ev in wanted:
                 return event
-            if event.get("ev") == PULLING and progress is not None:
+            if event.ev == PULLING and progress is not None:
                 progress(event)
-            if event.get("ev") in (protocol.LAUNCHER, protocol.STREAM_ERROR) and len(self._said) < 50:
-                self._said.append(str(event.get("text", "")))
+            if event.ev in (protocol.LAUNCHER, protocol.STREAM_ERROR) and len(self._said) < 50:
+                self._said.append(event.text)
 
-    def ask(self, word: str, arg: str, kinds: Iterable[str], timeout: float) -> dict[str, Any]:
+    def ask(self, word: str, arg: str, kinds: Iterable[str], timeout: float) -> Answer:
         """Send ``word arg`` and wait for its answer (see :meth:`answer`)."""
         deadline = time.monotonic() + timeout
         if not self.send(f"{word} {arg}"):
@@ -164,7 +183,9 @@ class AgentLink:
         return left
 
     def stderr_text(self) -> str:
-        return self.stream.stderr_text()
+        """What the node's agent wrote to stderr, and last why this link stopped reading it, if it did."""
+        text = self.stream.stderr_text()
+        return text if self.broken is None else f"{text.rstrip()}\n{self.broken}".lstrip()
 
     def abort(self) -> None:
         """Drop the connection: before ``go`` the agent ends at once; after, it stops the job (unless detached)."""

@@ -20,12 +20,12 @@ SWEEP_TIMEOUT = 30.0
 def _pids(transport: Transport, python: str, kind: protocol.Spec, spec: dict, answer: str, timeout: float) -> list[int]:
     frames, res = run_mode(transport, python, kind, spec, timeout=timeout)
     events = [f.event for f in frames]
-    found = next((e for e in events if e.get("ev") == answer), None)
+    found = next((e for e in events if e.ev == answer), None)
     if res.exit_code != 0 or found is None:
-        said = next((e.get("text") for e in events if e.get("ev") == protocol.ERROR), None)
+        said = next((e.text for e in events if e.ev == protocol.ERROR), None)
         raise ClusterrunError(f"the {kind.mode} failed (exit {res.exit_code}): "
                               f"{said or res.tail(2) or 'no output'}")
-    return [int(pid) for pid in found.get("pids") or []]
+    return [int(pid) for pid in found.pids]
 
 
 def sweep(transport: Transport, *, python: str, run_id: str, node: str, grace: float,

@@ -98,17 +98,17 @@ def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport
         host.send(bundle.payload() + "\n")
         host.send(protocol.encode_spec(spec) + "\n")
         listening = host.answer((LISTENING, protocol.ERROR), time.monotonic() + LISTEN_TIMEOUT)
-        if listening.get("ev") != LISTENING:
-            raise StartError({master.name: f"the run's supervisor did not start: {listening.get('text')}"})
+        if listening.ev != LISTENING:
+            raise StartError({master.name: f"the run's supervisor did not start: {listening.text}"})
         address = _address(plan, transport)
-        problems = _relay(plan, links, address, int(listening["port"]), secret)
+        problems = _relay(plan, links, address, listening.port, secret)
         if problems:
             raise StartError(problems, hint=f"the agents reach the run's supervisor at {address}:"
-                                            f"{listening['port']} on rank 0's node ({master.name}) over the nodes' "
+                                            f"{listening.port} on rank 0's node ({master.name}) over the nodes' "
                                             "host network: a firewall between the nodes blocks it")
         going = host.answer((GOING, protocol.ERROR), time.monotonic() + CONNECT_TIMEOUT + 30)
-        if going.get("ev") != GOING:
-            raise StartError({master.name: f"the run's supervisor could not start the job: {going.get('text')}"})
+        if going.ev != GOING:
+            raise StartError({master.name: f"the run's supervisor could not start the job: {going.text}"})
     except ClusterrunError as exc:
         host.abort()  # before ``go``, the supervisor and the agents end when their connections drop
         if isinstance(exc, StartError):
@@ -118,7 +118,7 @@ def start_on_cluster(plan: LaunchPlan, links: Mapping[str, AgentLink], transport
         for link in links.values():
             link.abort()  # a relayed agent answers to its supervisor only
     host.abort()
-    return ClusterSupervisor(master.name, int(listening.get("pid") or 0), int(listening["port"]), where)
+    return ClusterSupervisor(master.name, listening.pid or 0, listening.port, where)
 
 
 def _relay(plan: LaunchPlan, links: Mapping[str, AgentLink], address: str, port: int, secret: str) -> dict[str, str]:
@@ -139,6 +139,6 @@ def _relay(plan: LaunchPlan, links: Mapping[str, AgentLink], address: str, port:
         except ClusterrunError as exc:
             problems[node.name] = exc.reason
             continue
-        if answer.get("ev") != relay.RELAYED:
-            problems[node.name] = str(answer.get("text") or "the agent could not reach the run's supervisor")
+        if answer.ev != relay.RELAYED:
+            problems[node.name] = answer.text or "the agent could not reach the run's supervisor"
     return problems

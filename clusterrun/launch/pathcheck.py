@@ -28,6 +28,7 @@ from clusterrun.launch.console import Console
 from clusterrun.launch.watch import Link, at_fault
 from clusterrun.planning.plan import LaunchPlan, NodePlan
 from clusterrun.remote import session
+from clusterrun.remote.answers import Listening, Pinged, Reached
 from clusterrun.runs import RunDir
 from clusterrun.transport.base import Transport
 
@@ -58,11 +59,11 @@ def _where(node: NodePlan) -> str:
     return f"{node.data_nic} ({node.data_address})" if node.data_nic else node.data_address
 
 
-def _reach_problem(node: NodePlan, master: NodePlan, port: int, answer: dict[str, object]) -> str | None:
+def _reach_problem(node: NodePlan, master: NodePlan, port: int, answer: Reached) -> str | None:
     """None when ``node`` reached the master port, else why not (with what ping says of the path)."""
-    if answer.get("tcp") is None:
+    if answer.tcp is None:
         return None
-    ping = answer.get("ping")
+    ping = answer.ping
     if ping == "ok":
         diagnosis = "the master answers ping, so something blocks the port (firewall)"
     elif ping == "failed":
@@ -70,7 +71,7 @@ def _reach_problem(node: NodePlan, master: NodePlan, port: int, answer: dict[str
     else:
         diagnosis = ""
     return (f"cannot reach {master.name}'s master address {master.data_address}:{port} from {_where(node)}: "
-            f"{answer['tcp']}" + (f"; {diagnosis}" if diagnosis else ""))
+            f"{answer.tcp}" + (f"; {diagnosis}" if diagnosis else ""))
 
 
 def quick_check(plan: LaunchPlan, links: Mapping[str, AgentLink]) -> PathReport:
@@ -86,9 +87,9 @@ def quick_check(plan: LaunchPlan, links: Mapping[str, AgentLink]) -> PathReport:
     try:
         held = links[master.name].ask(session.LISTEN, json.dumps({"port": port}), (session.LISTENING,), 20)
     except ClusterrunError as exc:
-        held = {"error": exc.reason}
-    if held.get("error"):
-        report.problems[master.name] = f"cannot hold master port {port} for the check: {held['error']}"
+        held = Listening(error=exc.reason)
+    if held.error:
+        report.problems[master.name] = f"cannot hold master port {port} for the check: {held.error}"
         report.seconds = time.monotonic() - started
         return report
     others = [n for n in plan.nodes if n is not master]
@@ -102,49 +103,48 @@ def quick_check(plan: LaunchPlan, links: Mapping[str, AgentLink]) -> PathReport:
         asked[node.name] = None if sent else "the check could not run: the node agent's connection closed"
     targets = [n.data_address for n in others]
     pinging = links[master.name].send(f"{session.PING} {json.dumps({'addresses': targets, 'timeout': CONNECT_TIMEOUT})}")
-    answers: dict[str, dict[str, object]] = {}
+    reached: dict[str, Reached] = {}
     for node in others:
         problem = asked[node.name]
         if problem is None:
             try:
-                answers[node.name] = links[node.name].answer((session.REACHED,), deadline)
-                problem = _reach_problem(node, master, port, answers[node.name])
+                reached[node.name] = links[node.name].answer((session.REACHED,), deadline)
+                problem = _reach_problem(node, master, port, reached[node.name])
             except ClusterrunError as exc:
                 problem = f"the check could not run: {exc.reason}"
         if problem:
             report.problems[node.name] = problem
-    pinged: dict[str, object] = {}
+    pinged = Pinged()
     if pinging:
         try:
             pinged = links[master.name].answer((session.PINGED,), deadline)
         except ClusterrunError as exc:
             report.notes.append(f"{master.name} could not ping the nodes: {exc.reason}")
-    if pinged.get("missing"):
+    if pinged.missing:
         report.notes.append(f"{master.name} has no ping command: the way back to each node was not tested")
-    results = pinged.get("results") or {}
-    assert isinstance(results, dict)
+    results = pinged.results
     for node in others:
         if results.get(node.data_address) == "failed" and node.name not in report.problems:
             report.problems[node.name] = (f"{master.name} gets no ping reply from {node.name}'s data address "
                                           f"{_where(node)}")
-    lost, working = _paths(master, others, answers, results)
+    lost, working = _paths(master, others, reached, results)
     if lost:
-        _ring_pings(plan, links, answers, lost, working)
+        _ring_pings(plan, links, reached, lost, working)
         _name_suspect(plan, lost, working, report)
     report.seconds = time.monotonic() - started
     return report
 
 
-def _paths(master: NodePlan, others: list[NodePlan], answers: Mapping[str, Mapping[str, object]],
-           pinged: Mapping[str, object]) -> tuple[list[Link], list[Link]]:
+def _paths(master: NodePlan, others: list[NodePlan], reached: Mapping[str, Reached],
+           pinged: Mapping[str, str]) -> tuple[list[Link], list[Link]]:
     """The data paths found dead (no connection and no ping reply, or no ping reply back) and found working."""
     lost: list[Link] = []
     working: list[Link] = []
     for node in others:
-        answer = answers.get(node.name)
-        if answer is not None and answer.get("tcp") is None:
+        answer = reached.get(node.name)
+        if answer is not None and answer.tcp is None:
             working.append((node.name, master.name))
-        elif answer is not None and answer.get("ping") == "failed":
+        elif answer is not None and answer.ping == "failed":
             lost.append((node.name, master.name))
         back = pinged.get(node.data_address)
         if back in ("ok", "failed"):
@@ -152,11 +152,11 @@ def _paths(master: NodePlan, others: list[NodePlan], answers: Mapping[str, Mappi
     return lost, working
 
 
-def _ring_pings(plan: LaunchPlan, links: Mapping[str, AgentLink], answers: Mapping[str, object],
+def _ring_pings(plan: LaunchPlan, links: Mapping[str, AgentLink], reached: Mapping[str, object],
                 lost: list[Link], working: list[Link]) -> None:
     """Only when a path is dead: each worker pings the next worker, so that a dead master NIC is told from a dead
     worker NIC (the workers reach each other) at the cost of one more round, on failure only."""
-    workers = [n for n in plan.nodes if n is not plan.master and n.name in answers]
+    workers = [n for n in plan.nodes if n is not plan.master and n.name in reached]
     if len(workers) < 2:
         return
     deadline = time.monotonic() + CONNECT_TIMEOUT + 20
@@ -168,10 +168,9 @@ def _ring_pings(plan: LaunchPlan, links: Mapping[str, AgentLink], answers: Mappi
             asked.append((node, peer))
     for node, peer in asked:
         try:
-            got = links[node.name].answer((session.PINGED,), deadline).get("results") or {}
+            got = links[node.name].answer((session.PINGED,), deadline).results
         except ClusterrunError:
             continue  # no evidence either way
-        assert isinstance(got, dict)
         if got.get(peer.data_address) in ("ok", "failed"):
             (working if got[peer.data_address] == "ok" else lost).append((node.name, peer.name))
 

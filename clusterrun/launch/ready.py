@@ -144,12 +144,12 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
     run the job."""
     try:
         said = None if progress is None else (
-            lambda event: progress(node.name, f"pulling {event.get('image')} ({event.get('seconds')}s so far)"))
+            lambda event: progress(node.name, f"pulling {event.image} ({event.seconds:g}s so far)"))
         answer = link.answer((session.READY, protocol.ERROR), deadline, said)
         # The answer arrived when its bytes did (the node says nothing more until asked), not when it was read here.
         received = time.time() - (time.monotonic() - link.heard)
         sent = timeline.started(node.name, "agent") or received
-        running = timeline.node_clock(node.name, sent, answer.get("time"), received)
+        running = timeline.node_clock(node.name, sent, answer.time, received)
         timeline.begin(node.name, "ready", timeline.end(node.name, "agent", running))
         timeline.end(node.name, "ready", received)
     except ClusterrunError as exc:
@@ -158,18 +158,17 @@ def _answer(node: NodePlan, link: AgentLink, transport: Transport, deadline: flo
                                             "that exists there with --python PATH or `python` in the inventory "
                                             "(an absolute path is safest)") from None
         raise NodeNotReady(node.name, f"the node check failed: {exc.reason}") from None
-    if answer.get("ev") == protocol.ERROR:  # the node refused the check's spec
-        raise NodeNotReady(node.name, f"the node check failed: {answer.get('text')}")
-    report = answer["report"]
-    if report["problems"]:
-        kind = NoTorch if report.get("no_torch") else NodeNotReady
-        raise kind(node.name, "; ".join(report["problems"]))
-    found = NodeReady(node.name, report["python"], report.get("torch", ""), net=report.get("net"),
-                      ssh_address=transport.peer_address(), gpus=report.get("gpus"), leases=report.get("leases"),
-                      master_port=report.get("master_port"), topology_addr=report.get("topology_addr"),
-                      gpu=report.get("gpu"), link=link)
-    found.image_id, found.pulled = report.get("image_id"), bool(report.get("pulled"))
-    return found, set(report["missing"])
+    if answer.ev == protocol.ERROR:  # the node refused the check's spec
+        raise NodeNotReady(node.name, f"the node check failed: {answer.text}")
+    report = answer.report
+    if report.problems:
+        kind = NoTorch if report.no_torch else NodeNotReady
+        raise kind(node.name, "; ".join(report.problems))
+    found = NodeReady(node.name, report.python, report.torch, net=report.net,
+                      ssh_address=transport.peer_address(), gpus=report.gpus, leases=report.leases,
+                      master_port=report.master_port, topology_addr=report.topology_addr, gpu=report.gpu, link=link)
+    found.image_id, found.pulled = report.image_id, report.pulled
+    return found, set(report.missing)
 
 
 def _stage(ready: NodeReady, transport: Transport, staged: list[StagedFile], missing: set[str],

@@ -71,7 +71,7 @@ def _collect(plan: LaunchPlan, node: NodePlan, transport: Transport, relay: LogR
     if got.swept:
         parts.append(f"stopped {len(got.swept)} leftover process(es) of the run")
     if lost and got.record:
-        parts.append(f"the node recorded torchrun's exit code {got.record.get('rc')} ({got.record.get('reason')})")
+        parts.append(f"the node recorded torchrun's exit code {got.record.rc} ({got.record.reason})")
     return "; ".join(parts)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from clusterrun.launch.console import Console
+from clusterrun.remote.answers import LogSize
 from clusterrun.runs import RunDir
 
 Key = tuple[str, int, str]  # (node, global rank, "stdout" | "stderr")
@@ -131,15 +132,13 @@ class LogRelay:
                     fh.close()
         self._stopped.clear()
 
-    def expect(self, node: str, logs: Mapping[str, Any]) -> None:
-        """Record what ``node`` says its rank files hold: ``{"<rank>/<stream>": {"bytes", "lines"}}``."""
+    def expect(self, node: str, logs: Mapping[str, LogSize]) -> None:
+        """Record what ``node`` says its rank files hold (its ``exit``'s ``logs``: by ``"<rank>/<stream>"``)."""
         self.reported.add(node)
         for key, info in logs.items():
             rank, _, stream = key.partition("/")
-            try:
-                self.expected[(node, int(rank), stream or "stdout")] = Count(int(info["bytes"]), info.get("lines"))
-            except (KeyError, TypeError, ValueError):
-                continue
+            if rank.isdigit():
+                self.expected[(node, int(rank), stream or "stdout")] = Count(info.bytes, info.lines)
 
     def offsets(self, node: str) -> dict[str, int]:
         """Bytes received per ``"<rank>/<stream>"`` of ``node``: where fetching the rest starts."""

@@ -32,7 +32,7 @@ from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathWatchState, StragglerWatch, Verdict
 from clusterrun.notify import Notifier
 from clusterrun.planning.planfile import LaunchPlan, NodePlan
-from clusterrun.remote import protocol
+from clusterrun.remote import answers, protocol
 from clusterrun.remote.protocol import Frame
 from clusterrun.runs import RunDir
 from clusterrun.runs.judge import gpus_left_busy, judge_node
@@ -109,7 +109,7 @@ class Supervisor:
             link = self.links[node.name]
             left = link.hand_over(self._events)
             self._streams[node.name] = link
-            if any(not isinstance(item, Frame) or item.event.get("ev") == protocol.STREAM_ERROR for item in left):
+            if any(not isinstance(item, Frame) or item.event.ev == protocol.STREAM_ERROR for item in left):
                 problems[node.name] = "the node agent's connection closed before it got the run's spec"
                 continue
             earlier += [(node.name, item) for item in left]
@@ -144,7 +144,7 @@ class Supervisor:
                 self._lose(name, "connection lost before the node reported" + (f": {' | '.join(tail)}" if tail else ""))
             return
         event = item.event
-        kind = event.get("ev")
+        kind = event.ev
         if kind == protocol.PONG:
             return
         self._last_progress[name] = now
@@ -153,12 +153,11 @@ class Supervisor:
             if self.hang is not None:
                 self.hang.output(now)
             # A payload cut short by a broken stream is the start of a record: shown once it is whole.
-            self.relay.write(name, int(event["rank"]), str(event.get("stream", "stdout")), item.payload,
-                             bool(event.get("open") or event.get("cut")))
+            self.relay.write(name, event.rank, event.stream, item.payload, event.open or event.cut)
         elif kind == protocol.STARTED:
-            node.launched = event.get("time")
+            node.launched = event.time
         elif kind in (protocol.LAUNCHER, protocol.ERROR, protocol.STREAM_ERROR):
-            text = event.get("text", "")
+            text = event.text
             try:
                 with open(self.run_dir.launcher_log(name), "a", encoding="utf-8") as fh:
                     fh.write(text + "\n")
@@ -171,10 +170,10 @@ class Supervisor:
             if kind == protocol.ERROR:
                 node.reason = text
         elif kind == protocol.RANK_FAILED:
-            rank = node.ranks.get(int(event["rank"]))
+            rank = node.ranks.get(event.rank)
             if rank is not None:
-                rank.state, rank.exit_code, rank.signal = RankState.failed, event.get("rc"), event.get("signal")
-                rank.ended = event.get("time")
+                rank.state, rank.exit_code, rank.signal = RankState.failed, event.rc, event.signal
+                rank.ended = event.time
                 self._fail(Failure(name, rank.rank, rank.exit_code or 1, rank.signal, "exited while others ran"))
         elif kind == protocol.SAMPLE:
             for verdict in self.series.on_sample(name, event):
@@ -196,12 +195,12 @@ class Supervisor:
         elif kind == protocol.EXIT:
             if self.keep_links:  # the agent stays for the next attempt: its exit, after every byte, is the end
                 self._ended.add(name)
-            self.relay.expect(name, event.get("logs") or {})
-            if event.get("watch"):
-                self.outcome.watch_cost[name] = event["watch"]
+            self.relay.expect(name, event.logs)
+            if event.watch:
+                self.outcome.watch_cost[name] = event.watch
             self._node_exit(node, event)
 
-    def _node_exit(self, node: NodeOutcome, event: dict[str, Any]) -> None:
+    def _node_exit(self, node: NodeOutcome, event: answers.Exit) -> None:
         end = judge_node(node.name, list(node.ranks), event, stopping=self.phase.stopping,
                          failed_early={r.rank: r.judged() for r in node.ranks.values() if r.state is RankState.failed})
         node.ended = end.ended or time.time()
@@ -215,7 +214,7 @@ class Supervisor:
         if end.failure is not None:
             self._fail(end.failure if end.failure.rank is not None or not node.reason else
                        dataclasses.replace(end.failure, detail=node.reason))
-        for text in gpus_left_busy(node.name, event.get("gpus_after"), self.plan.node(node.name).gpus):
+        for text in gpus_left_busy(node.name, event.gpus_after, self.plan.node(node.name).gpus):
             self.console.info(text)
             self._record({"time": time.time(), "node": node.name, "kind": "gpu-left-busy", "text": text})
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 from clusterrun.facts.flight import behind
 from clusterrun.facts.flight import digest as flight_digest
 from clusterrun.facts.stacks import digest, odd_ones
-from clusterrun.remote import protocol
+from clusterrun.remote import answers, protocol
 from clusterrun.runs.judge import HUNG, Failure
 
 SETTLE = 2.0  # seconds to gather the other ends' reports of a failure before naming a node
@@ -170,24 +170,23 @@ class DataPathWatch:
         self.start_wait = start_wait  # after this, targets go out even if a node never said where it listens
         self.sent = False
 
-    def on_watching(self, node: str, event: Mapping[str, Any]) -> None:
-        if event.get("error"):
-            self.state.unavailable[node] = str(event["error"])
-            self.say(f"{node}: the data-path watch is off there: {event['error']}")
-        elif event.get("port"):
-            self.state.ports[node] = int(event["port"])
+    def on_watching(self, node: str, event: answers.Watching) -> None:
+        if event.error:
+            self.state.unavailable[node] = event.error
+            self.say(f"{node}: the data-path watch is off there: {event.error}")
+        elif event.port:
+            self.state.ports[node] = event.port
 
-    def on_path(self, node: str, event: Mapping[str, Any], now: float, stopping: bool,
+    def on_path(self, node: str, event: answers.Path, now: float, stopping: bool,
                 ended: Collection[str] = ()) -> None:
         """A node's report that one of its paths was lost or is back. Not one of the run's events when the job is
         stopping, or when either end's job is over (a node that has ended no longer answers: that is no loss)."""
-        peer = str(event.get("peer"))
+        peer = event.peer
         if stopping or node in ended or peer in ended:
             return
-        address, nic = str(event.get("address")), event.get("nic")
-        if event.get("state") == "lost":
-            self.state.lost(PathLoss(node, nic, peer, address, float(event.get("since") or time.time()),
-                                     bool(event.get("answered", True))), now)
+        address, nic = event.address, event.nic
+        if event.state == "lost":
+            self.state.lost(PathLoss(node, nic, peer, address, event.since or time.time(), event.answered), now)
             self.record({"time": time.time(), "node": node, "kind": "path-lost",
                                 "text": f"{nic or 'data NIC'} gets no answer from {peer} ({address})"})
         else:
@@ -245,24 +244,24 @@ class HangWatch:
             self.diagnosed_at = None  # output again: a new silence may be diagnosed again
             self.say("the job prints again")
 
-    def on_stack(self, node: str, event: Mapping[str, Any], payload: bytes) -> None:
-        rank, how = int(event.get("rank", -1)), str(event.get("how"))
+    def on_stack(self, node: str, event: answers.Stack, payload: bytes) -> None:
+        rank, how = event.rank, event.how
         self.nodes[rank] = node
         text = payload.decode("utf-8", errors="replace")
         self.dumps[rank] = text if how != "none" else ""
         header = f"# rank {rank} on {node}, taken with {how} at {time.strftime('%H:%M:%S')}\n"
         self.where.append(self.save(f"{node}/stack-rank{rank}.txt", header.encode() + payload))
 
-    def on_flight(self, node: str, event: Mapping[str, Any], payload: bytes) -> None:
+    def on_flight(self, node: str, event: answers.Flight, payload: bytes) -> None:
         """One rank's flight recorder: asked for (JSON, kept for the digest) or dumped by torch's watchdog when
         a collective timed out (torch's own format, for ``torchfrtrace``)."""
-        rank = int(event.get("rank", -1))
+        rank = event.rank
         self.nodes.setdefault(rank, node)
-        if event.get("format") == "timeout":
+        if event.format == "timeout":
             if payload:
                 self.timeout_dumps.append(self.save(f"flight/nccl-rank{rank}", payload))
             return
-        self.flights[rank] = payload or json.dumps({"error": str(event.get("why") or "no dump")}).encode()
+        self.flights[rank] = payload or json.dumps({"error": event.why or "no dump"}).encode()
         if payload:
             self.save(f"{node}/flight-rank{rank}.json", payload)
 
@@ -343,8 +342,8 @@ class StragglerWatch:
         self.samples: dict[str, list[float]] = {}
         self.said: set[str] = set()
 
-    def on_load(self, node: str, event: Mapping[str, Any]) -> None:
-        shares = [float(v) for v in (event.get("cpu") or {}).values()]
+    def on_load(self, node: str, event: answers.Load) -> None:
+        shares = [float(v) for v in event.cpu.values()]
         if not shares:
             return
         window = self.samples.setdefault(node, [])

@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterrun.agents.link import start_mode
+from clusterrun.agents.link import answered, start_mode
 from clusterrun.agents.spec import exec_spec
-from clusterrun.errors import ClusterrunError
+from clusterrun.errors import ClusterrunError, ProtocolError
 from clusterrun.inventory.models import Inventory
 from clusterrun.remote import protocol
-from clusterrun.remote.protocol import frames
+from clusterrun.remote.answers import Line, Said
 from clusterrun.transport.base import Stream, Transport
 
 
@@ -40,7 +40,7 @@ def run_everywhere(inv: Inventory, transports: Mapping[str, Transport], command:
                    stop: threading.Event | None = None) -> dict[str, NodeResult]:
     """Run ``command`` on every node of ``inv``; ``on_line(node, stream, text)`` is called from this thread only."""
     results = {n.name: NodeResult(n.name) for n in inv.nodes}
-    events: queue.Queue[tuple[str, dict[str, Any] | None]] = queue.Queue(maxsize=10_000)
+    events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=10_000)
     streams: dict[str, Stream] = {}
     spec = exec_spec(command, timeout)
 
@@ -51,20 +51,22 @@ def run_everywhere(inv: Inventory, transports: Mapping[str, Transport], command:
         except Exception as exc:  # whatever it was, this node ends with it and the others go on
             text = exc.reason if isinstance(exc, ClusterrunError) else (
                 f"could not start the command: {type(exc).__name__}: {exc}")
-            events.put((name, {"ev": protocol.ERROR, "text": text}))
+            events.put((name, Said(protocol.ERROR, text)))
             events.put((name, None))
             return
         streams[name] = stream
         try:
-            for frame in frames(stream.chunks()):
+            for frame in answered(name, stream.chunks()):
                 event = frame.event
-                if event.get("ev") == protocol.LAUNCHER:  # a line that is no event (a shell's complaint): as output
-                    event = {"ev": protocol.LINE, "stream": "stdout", "text": event.get("text", "")}
+                if event.ev == protocol.LAUNCHER:  # a line that is no event (a shell's complaint): as output
+                    event = Line(event.text)
                 events.put((name, event))
+        except ProtocolError as exc:  # the node said what cannot be read: its command's end is unknown
+            events.put((name, Said(protocol.ERROR, exc.reason)))
         except Exception as exc:  # a broken connection ends this node's events
-            events.put((name, {"ev": protocol.ERROR, "text": f"connection lost: {exc}"}))
+            events.put((name, Said(protocol.ERROR, f"connection lost: {exc}")))
         if stream.stderr_text().strip():
-            events.put((name, {"ev": protocol.ERROR, "text": stream.stderr_text().strip().splitlines()[-1]}))
+            events.put((name, Said(protocol.ERROR, stream.stderr_text().strip().splitlines()[-1])))
         events.put((name, None))
 
     threads = [threading.Thread(target=start, args=(n.name,), daemon=True, name=f"exec-{n.name}") for n in inv.nodes]
@@ -82,14 +84,14 @@ def run_everywhere(inv: Inventory, transports: Mapping[str, Transport], command:
             result = results[name]
             if event is None:
                 done += 1
-            elif event.get("ev") == protocol.LINE:
-                result.lines.append((event.get("stream", "stdout"), event.get("text", "")))
-                on_line(name, event.get("stream", "stdout"), event.get("text", ""))
-            elif event.get("ev") == protocol.EXIT:
-                result.exit_code, result.reason = event.get("rc"), event.get("reason")
-                result.error = event.get("error") or result.error
-            elif event.get("ev") == protocol.ERROR and result.exit_code is None:
-                result.error = event.get("text")
+            elif event.ev == protocol.LINE:
+                result.lines.append((event.stream, event.text))
+                on_line(name, event.stream, event.text)
+            elif event.ev == protocol.EXIT:
+                result.exit_code, result.reason = event.rc, event.reason
+                result.error = event.error or result.error
+            elif event.ev == protocol.ERROR and result.exit_code is None:
+                result.error = event.text
     finally:
         for stream in list(streams.values()):
             stream.abort()  # the agents see the end of input and stop whatever still runs

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from clusterrun.agents.collect import collect
 from clusterrun.errors import ClusterrunError
 from clusterrun.ops.down import run_inventory
 from clusterrun.planning.plan import NodePlan
+from clusterrun.remote.answers import Exit
 from clusterrun.runs import NodeRecord, RunDir, RunState, read_record, write_record
 from clusterrun.runs.judge import first_failure, judge_node, unreported_node
 from clusterrun.transport.factory import transport_for
@@ -24,7 +24,7 @@ class NodeLogs:
     node: str
     chunks: list[tuple[int, str, bytes]] = field(default_factory=list)  # (rank, stream, new bytes), in order
     alive: int | None = None  # processes of the run still there; None when unknown
-    record: dict[str, Any] | None = None  # the node's exit.json once its torchrun ended
+    record: Exit | None = None  # the node's exit.json once its torchrun ended
     problem: str | None = None
 
     def by_rank(self) -> dict[int, bytes]:

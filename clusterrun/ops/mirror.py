@@ -122,14 +122,13 @@ def refresh(run: RunDir, *, stop: str | None = None, transport: Transport | None
             transport.close()
     out = Mirrored(None)
     for frame in frames:
-        kind = frame.event.get("ev")
-        if kind == mirror.FILE:
-            rel = str(frame.event.get("path"))
-            _write(run, rel, int(frame.event.get("offset") or 0), bool(frame.event.get("whole")), frame.payload)
-        elif kind == mirror.SUPERVISOR:
-            out.alive, out.asked = bool(frame.event.get("alive")), bool(frame.event.get("asked"))
-        elif kind == protocol.ERROR:
-            out.problem = f"{host.node}: {frame.event.get('text')}"
+        event = frame.event
+        if event.ev == mirror.FILE:
+            _write(run, event.path, event.offset, event.whole, frame.payload)
+        elif event.ev == mirror.SUPERVISOR:
+            out.alive, out.asked = event.alive, event.asked
+        elif event.ev == protocol.ERROR:
+            out.problem = f"{host.node}: {event.text}"
     if out.alive is None and out.problem is None:
         out.problem = f"{host.node}: no answer from the node agent (exit {result.exit_code}): {result.tail(3)}"
     return out

@@ -17,6 +17,7 @@ from clusterrun.errors import ClusterrunError
 from clusterrun.facts.leases import parse_leases
 from clusterrun.inventory.models import Inventory
 from clusterrun.remote import protocol
+from clusterrun.remote.answers import Alive, Leases
 from clusterrun.transport.factory import transport_for
 from clusterrun.transport.fanout import fan_out
 
@@ -43,25 +44,25 @@ class RunOnNode:
                 "run_nodes": list(self.nodes)}
 
 
-def join(node: str, answer: dict[str, Any]) -> list[RunOnNode]:
+def join(node: str, answer: Alive) -> list[RunOnNode]:
     """The runs of one node's ``alive`` answer (leases and processes), one entry per run id, oldest first."""
-    leases = answer.get("leases") or {}
-    gpus = parse_leases(leases.get("gpus"))
-    ports = parse_leases(leases.get("ports"))
-    procs = answer.get("runs") or {}
+    leases = answer.leases or Leases()
+    gpus = parse_leases(leases.gpus)
+    ports = parse_leases(leases.ports)
+    procs = answer.runs
     ids = {lease.run for lease in (*gpus.values(), *ports.values())} | set(procs)
     out = []
     for run in ids:
         mine = [lease for lease in (*gpus.values(), *ports.values()) if lease.run == run]
-        seen = procs.get(run) or {}
-        times = [t for t in (*(lease.since for lease in mine), seen.get("since")) if isinstance(t, (int, float))]
+        seen = procs.get(run)
+        times = [t for t in (*(lease.since for lease in mine), seen and seen.since) if isinstance(t, (int, float))]
         out.append(RunOnNode(
-            node=node, run=run, user=str(seen.get("user") or next((lease.user for lease in mine), "?")),
+            node=node, run=run, user=seen.user if seen else next((lease.user for lease in mine), "?"),
             gpus=tuple(sorted(g for g, lease in gpus.items() if lease.run == run)),
             ports=tuple(sorted(p for p, lease in ports.items() if lease.run == run)),
             since=min(times) if times else None,
-            processes=len(seen.get("pids") or ()) if seen else None,
-            nodes=tuple(seen.get("nodes") or sorted({lease.node for lease in mine if lease.node}))))
+            processes=len(seen.pids) if seen else None,
+            nodes=tuple(seen.nodes if seen and seen.nodes else sorted({lease.node for lease in mine if lease.node}))))
     return sorted(out, key=lambda r: (r.since is None, r.since or 0.0, r.run))
 
 
@@ -72,9 +73,9 @@ def _ask(inv: Inventory, name: str, timeout: float) -> list[RunOnNode]:
         frames, res = run_mode(transport, inv.python_of(node), protocol.PS, ps_spec("", name), timeout=timeout)
     finally:
         transport.close()
-    answer = next((f.event for f in frames if f.event.get("ev") == protocol.ALIVE), None)
+    answer = next((f.event for f in frames if f.event.ev == protocol.ALIVE), None)
     if res.exit_code != 0 or answer is None:
-        said = next((f.event.get("text") for f in frames if f.event.get("ev") == protocol.ERROR), None)
+        said = next((f.event.text for f in frames if f.event.ev == protocol.ERROR), None)
         raise ClusterrunError(f"the node's ps failed (exit {res.exit_code}): {said or res.tail(2) or 'no output'}")
     return join(name, answer)
 

@@ -14,6 +14,10 @@ procs.py            the agent's process tools: descendants, a run's marked proce
 leases.py           the GPU and master-port leases a run holds on a node for its whole life (flock)
 protocol.py         the agent's contract: each mode's spec (keys, types, the one set of defaults) and the wire
                     protocol (events, payloads, commands); written by the agent, read by clusterrun
+answers.py          the agent's answers as clusterrun reads them: one spec (fields, types, defaults) per event
+                    kind, which is also the kind's typed, immutable event (not sent to the agent)
+decode.py           reading an answer with its spec, once, where frames are read (agents/link.py); a malformed
+                    one names the node and the field (with answers.py, for the cluster supervisor only: 3.10+)
 wire.py             the agent's output: events written whole
 relay.py            a detached run: the agent's stream moved to the run's supervisor on rank 0's node (handshake)
 bundle.py           clusterrun's own modules taken to a node whole: the cluster supervisor of a detached run

@@ -35,6 +35,7 @@ SUPERVISOR_MODULES = (
     "clusterrun.launch.relay", "clusterrun.launch.settings", "clusterrun.launch.supervisor", "clusterrun.launch.watch",
     "clusterrun.remote", "clusterrun.remote.containers", "clusterrun.remote.gpufacts", "clusterrun.remote.leases",
     "clusterrun.remote.nodefacts", "clusterrun.remote.procs", "clusterrun.remote.protocol",
+    "clusterrun.remote.answers", "clusterrun.remote.decode",
     "clusterrun.remote.ready", "clusterrun.remote.session", "clusterrun.remote.warm", "clusterrun.remote.wire",
     "clusterrun.runs", "clusterrun.runs.dirs", "clusterrun.runs.judge", "clusterrun.runs.live",
     "clusterrun.runs.record", "clusterrun.runs.timeline", "clusterrun.runs.series", "clusterrun.runs.traffic",

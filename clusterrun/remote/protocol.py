@@ -34,7 +34,7 @@ bytes, lines, from, skipped_bytes, skipped_lines) and its ``out`` events, then `
 exit.json or null). Events of ``agent.py exec``: ``line`` (stream, text), then ``exit`` (rc, reason).
 
 Events of ``agent.py sweep``: ``swept`` (pids); of ``agent.py ps``: ``alive`` (pids; for every run, with
-``runs`` and ``leases``).
+``runs`` and ``leases``). clusterrun reads each event with its kind's spec (answers.py: fields, types, defaults).
 
 Every mode takes its spec the same way: ``agent.py MODE``, then the spec as the first line of stdin (base64
 JSON); ``prepare`` takes the check's and the run's specs as ``check <spec>`` and ``go <spec>`` lines. Never on
@@ -87,7 +87,8 @@ MAX_HEADER = 1 << 20  # a "line" longer than this with no newline is not an even
 
 
 class Frame:
-    """One event and its payload (empty for most events)."""
+    """One event and its payload (empty for most events). ``event`` is the header as read (a dict); on clusterrun's
+    side, once decoded, its typed answer (answers.py)."""
 
     __slots__ = ("event", "payload")
 

@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clusterrun.remote.answers import Exit, RankReport
+
 
 class RankState(str, enum.Enum):
     running = "running"
@@ -111,6 +113,9 @@ class NodeEnd:
     failed_at: float | None = None  # torchrun's time of the failure (to the second), when it said
 
 
+_NOTHING = RankReport()  # a rank the end report does not name
+
+
 def torchrun_time(text: object) -> float | None:
     """torchrun's failure time (``2026-11-25_14:30:01``, the node's local time) as seconds since the epoch."""
     if isinstance(text, (int, float)):
@@ -121,28 +126,28 @@ def torchrun_time(text: object) -> float | None:
         return None
 
 
-def judge_node(name: str, ranks: Sequence[int], report: Mapping[str, Any], *, stopping: bool,
+def judge_node(name: str, ranks: Sequence[int], report: Exit, *, stopping: bool,
                failed_early: Mapping[int, RankEnd] | None = None) -> NodeEnd:
     """The end of node ``name`` (global ``ranks``) from its end ``report``. ``stopping``: clusterrun had asked it to
     stop (another node failed first, or the user stopped the run); ``failed_early``: ranks already known to have
     failed while the others ran (the agent said so at once)."""
     failed_early = failed_early or {}
-    node_rc = report.get("rc")
-    ended = report.get("time")
-    reported = {int(k): v for k, v in (report.get("ranks") or {}).items()}
-    root_failed = any(v.get("root_cause") for v in reported.values())
+    node_rc = report.rc
+    ended = report.time
+    reported = {int(k): v for k, v in report.ranks.items() if k.isdigit()}
+    root_failed = any(v.root_cause for v in reported.values())
     out: dict[int, RankEnd] = {}
     for rank in ranks:
-        info = reported.get(rank, {})
-        started = info.get("started")
+        info = reported.get(rank, _NOTHING)
+        started = info.started
         early = failed_early.get(rank)
         if early is not None:
             out[rank] = RankEnd(rank, RankState.failed, early.exit_code, early.signal, started or early.started,
                                 early.ended or ended)
             continue
-        code, signum = info.get("rc"), info.get("signal")
+        code, signum = info.rc, info.signal
         # Killed by a signal while another rank of the node was the root cause: torchrun stopped it.
-        stopped_by_torchrun = root_failed and signum and not info.get("root_cause")
+        stopped_by_torchrun = root_failed and signum and not info.root_cause
         if code == 0 or (code is None and node_rc == 0 and not stopping):
             state, code, signum = RankState.succeeded, 0, None
         elif code is not None and not stopping and not stopped_by_torchrun:
@@ -151,10 +156,10 @@ def judge_node(name: str, ranks: Sequence[int], report: Mapping[str, Any], *, st
             state = RankState.stopped
         out[rank] = RankEnd(rank, state, code, signum, started, ended)
     failed = [r for r in out.values() if r.state is RankState.failed]
-    reason = report.get("reason")
+    reason = report.reason
     if failed:
-        root = next((r for r in failed if reported.get(r.rank, {}).get("root_cause")), failed[0])
-        at = torchrun_time(reported.get(root.rank, {}).get("time"))
+        root = next((r for r in failed if reported.get(r.rank, _NOTHING).root_cause), failed[0])
+        at = torchrun_time(reported.get(root.rank, _NOTHING).time)
         failure = Failure(name, root.rank, root.exit_code or 1, root.signal, "")
         return NodeEnd(name, RankState.failed, node_rc, reason, ended, out, failure, at)
     if node_rc == 0:

@@ -58,33 +58,33 @@ class LiveNodes:
         """``go`` is being sent to ``name``."""
         self.timeline.begin(name, "go")
 
-    def on_event(self, name: str, event: dict[str, Any]) -> None:
-        kind = event.get("ev")
+    def on_event(self, name: str, event: Any) -> None:
+        """One answer of node ``name``'s agent (clusterrun/remote/answers.py), as it arrives."""
+        kind = event.ev
         if kind == protocol.OUT:
             if name not in self._last_output:
                 self.timeline.end(name, "first_line")
             self._last_output[name] = time.time()
         elif kind == protocol.STARTED:
-            started = self.timeline.on_our_clock(name, event.get("time")) or time.time()
+            started = self.timeline.on_our_clock(name, event.time) or time.time()
             self.timeline.end(name, "go", started)
             # warm: importing torch since the ready check (since: when, remote/warm.py); cold: why it was not used.
-            how = {k: event[k] for k in ("warm", "cold") if k in event}
-            if isinstance(event.get("since"), (int, float)):
-                how["since"] = self.timeline.on_our_clock(name, event["since"])
+            how: dict[str, Any] = {"warm": event.warm, **({"cold": event.cold} if event.cold is not None else {})}
+            if event.since is not None:
+                how["since"] = self.timeline.on_our_clock(name, event.since)
             self.timeline.begin(name, "torchrun", started, **how)
             self.timeline.begin(name, "first_line", started)
             self._torchrun.add(name)
-        elif kind == protocol.LOAD and isinstance(event.get("cpu"), dict):
-            self._cpu[name] = event["cpu"]
+        elif kind == protocol.LOAD:
+            self._cpu[name] = event.cpu
         elif kind == protocol.WATCHING:
-            self._path[name] = f"not watched: {event['error']}" if event.get("error") else "ok"
+            self._path[name] = f"not watched: {event.error}" if event.error else "ok"
         elif kind == protocol.PATH:
             lost = self._lost.setdefault(name, set())
-            (lost.add if event.get("state") == "lost" else lost.discard)(str(event.get("peer")))
+            (lost.add if event.state == "lost" else lost.discard)(event.peer)
             self._path[name] = f"lost: {', '.join(sorted(lost))}" if lost else "ok"
         elif kind == protocol.EXIT:
-            starts = [r.get("started") for r in (event.get("ranks") or {}).values() if isinstance(r, dict)]
-            starts = [s for s in starts if isinstance(s, (int, float))]
+            starts = [r.started for r in event.ranks.values() if r.started is not None]
             if starts and self.timeline.started(name, "torchrun") is not None:
                 self.timeline.end(name, "torchrun", self.timeline.on_our_clock(name, max(starts)))
 

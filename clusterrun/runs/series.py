@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from clusterrun.remote import answers
 from clusterrun.runs.dirs import atomic_write
 
 RAW = "metrics.jsonl"
@@ -134,11 +135,9 @@ class SeriesWriter:
         self.judge = judge
         self.first: dict[tuple[str, int], float | None] = {}  # (node, bucket) -> oldest t in that tier's file
 
-    def on_sample(self, node: str, event: Mapping[str, Any]) -> list[Any]:
-        """Keep one ``sample`` event of ``node`` (its ``ev``/``n`` keys dropped); the judge's verdicts, if any."""
-        if "t" not in event:
-            return []
-        sample = {"t": event["t"], **{k: v for k, v in event.items() if k not in ("ev", "n", "t")}}
+    def on_sample(self, node: str, event: answers.Sample) -> list[Any]:
+        """Keep one ``sample`` event of ``node`` (the keys it sent); the judge's verdicts, if any."""
+        sample = event.series()
         self.extend(node, [sample])
         return list(self.judge.feed(node, sample)) if self.judge is not None else []
 
