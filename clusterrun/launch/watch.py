@@ -344,7 +344,7 @@ class StragglerWatch:
     @classmethod
     def for_plan(cls, plan: Any, say: Callable[[str], None], record: Callable[[dict[str, Any]], None],
                  notifier: Any = None) -> StragglerWatch | None:
-        """The watch of a :class:`~clusterrun.planfile.LaunchPlan` (None: one rank, no one to wait for). Local rank
+        """The watch of a :class:`~clusterrun.planning.planfile.LaunchPlan` (None: one rank, no one to wait for). Local rank
         i uses the i-th of its node's GPUs; ``notifier``: a :class:`~clusterrun.notify.Notifier`, or None."""
         if plan.world_size < 2:
             return None
