@@ -1,8 +1,8 @@
-"""Webhooks: a small JSON document POSTed when a run starts, fails, and ends (``up --notify URL``).
+"""Webhooks: a small JSON document POSTed when a run starts, fails, has a straggler, and ends (``up --notify URL``).
 
 The document carries ``text`` (one line, so Slack-compatible incoming webhooks show it as it is), the
-``event`` (``start``, ``failure``, ``path-lost``, ``end``), and ``run_id``, ``state``, ``nodes``,
-``first_failure``, ``run_dir``, ``duration``. Each POST runs on its own thread with a timeout and is
+``event`` (``start``, ``failure``, ``path-lost``, ``straggler``, ``restart``, ``end``), and ``run_id``, ``state``,
+``nodes``, ``first_failure``, ``run_dir``, ``duration``. Each POST runs on its own thread with a timeout and is
 never retried: a slow or dead webhook cannot delay or break the run. At the end clusterrun waits at
 most ``END_WAIT`` seconds for the last documents to go out, then leaves them.
 """

@@ -14,6 +14,7 @@ from clusterrun.remote import answers
 from clusterrun.remote.decode import decode
 from clusterrun.runs import NodeRecord, RankRecord, RunDir, RunRecord, RunState, read_record, series, write_record
 from clusterrun.runs.judge import Failure, RankState
+from clusterrun.runs.stragglers import StragglerJudge
 
 
 def sample_of(sample: dict) -> answers.Sample:
@@ -133,15 +134,19 @@ def big_run(directory: Path, n: int, nproc: int, *, seconds: float = 60.0, faili
 
 
 def sampled_run(directory: Path, n: int, nproc: int, *, seconds: int = 120, gpus: bool = True,
-                wrong_nic: str | None = None) -> Path:
+                wrong_nic: str | None = None, straggler: str | None = None) -> Path:
     """:func:`big_run` of ``n`` x ``nproc`` whose nodes were sampled every second, kept with the series' own writer:
     the data NIC ens1 busy both ways, eth0 near idle, ``nproc`` GPUs (when ``gpus``) at about 95% and 300 W each,
     every rank at one CPU. Rank ``nproc + 1`` (on gpu001) fails at 70% of the run: its CPU stops, its GPU idles and
-    the node's traffic stops. ``wrong_nic``: that node's ranks talk over eth0 instead, and the record names it."""
+    the node's traffic stops. ``wrong_nic``: that node's ranks talk over eth0 instead, and the record names it.
+    ``straggler``: from a fifth of the run on, that node's GPU 1 keeps working at 97% and 300 W while every other
+    GPU waits at about 35% and 120 W (every rank's CPU stays busy, as NCCL's waiting keeps it), and the record has
+    the straggler rule's own verdict on those samples."""
     fail_at = round(seconds * 0.7)
     run = big_run(directory, n, nproc, seconds=seconds, failing=nproc + 1, fail_at=fail_at)
     t0 = 1.8e9
     writer = series.SeriesWriter(run)
+    kept: dict[int, list[tuple[str, dict]]] = {}
     for i in range(n):
         name = f"gpu{i:03d}"
         for k in range(1, seconds + 1):
@@ -158,7 +163,18 @@ def sampled_run(directory: Path, n: int, nproc: int, *, seconds: int = 120, gpus
                 sample["gpus"] = {str(g): {"util": 0 if failed and g == 1 else 93 + (k + g) % 5, "mem": 40000,
                                            "power": 80.0 if failed and g == 1 else 300.0, "temp": 60,
                                            "energy": 1e6 + k * 300.0} for g in range(nproc)}
+                for g, reading in sample["gpus"].items():
+                    if straggler is not None and k > seconds // 5 and not failed:
+                        reading.update(util=97, power=300.0) if (name, g) == (straggler, "1") else reading.update(
+                            util=33 + (k + int(g)) % 5, power=120.0)
             writer.on_sample(name, sample_of(sample))
+            kept.setdefault(k, []).append((name, sample))
+    if straggler is not None:
+        judge = StragglerJudge({f"gpu{i:03d}": {str(g): i * nproc + g for g in range(nproc)} for i in range(n)})
+        verdict = next(v for k in sorted(kept) for name, sample in kept[k] for v in [
+            *judge.on_load(name, {"cpu": {r: x["cpu"] for r, x in sample["ranks"].items()}, "time": sample["t"]}),
+            *judge.on_sample(name, sample)])
+        write_record(RunDir(run), read_record(RunDir(run)).with_event(verdict.record_event()))
     if wrong_nic is not None:
         record = read_record(RunDir(run))
         write_record(RunDir(run), record.with_event({

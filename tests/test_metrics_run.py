@@ -1,14 +1,17 @@
 """A run's series through `clusterrun up` on the simulated cluster: an all-reduce's traffic shows on the data NIC
-(as the veths' own counters say), and a job sent over the management NIC by a variable is named."""
+(as the veths' own counters say), and a job sent over the management NIC by a variable is named; a GPU run has
+its series and energy, and the rank whose GPU keeps working while the others wait is named a straggler."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from simcluster import SimCluster
 from simjobs import run_clusterrun, write_inventory
+from test_notify import hook  # noqa: F401 (the webhook fixture)
 
 pytestmark = pytest.mark.cluster
 
@@ -103,3 +106,49 @@ def test_a_gpu_run_has_gpu_series_and_its_energy_in_the_record(sim_cluster: SimC
     assert energy["per_node_j"]["node0"] == pytest.approx(2 * 250 * seconds, rel=0.35), (energy, seconds)
     assert energy["total_j"] == energy["per_node_j"]["node0"]
     assert "GPU energy: " in run_clusterrun("status", run_id, cwd=tmp_path).stdout
+
+
+# The job lasts until the run's record has its straggler verdict (90 s at most), however slowly the machine runs.
+UNTIL_NAMED = """
+import os, sys, time
+status = os.path.join(sys.argv[1], os.environ["CLUSTERRUN_RUN_ID"], "status.json")
+deadline = time.time() + 90
+while time.time() < deadline:
+    try:
+        with open(status) as fh:
+            if '"straggler"' in fh.read():  # the verdict's kind
+                break
+    except OSError:
+        pass
+    time.sleep(0.2)
+"""
+
+
+def test_the_rank_whose_gpu_keeps_working_while_the_others_wait_is_named(sim_cluster: SimCluster, tmp_path: Path,
+                                                                         hook: Any) -> None:  # noqa: F811
+    # node0 plays an 8-GPU node whose series loop has GPU 1 at 97 % and 300 W and every other at 20 % and 90 W;
+    # the ranks sleep (no CPU to tell them apart): the GPUs alone name the straggler.
+    from gpunodes import python_on_gpu_node
+
+    python = python_on_gpu_node(tmp_path, "h100x8_idle", STANDIN_SMI_LOOP_SLOW="1")
+    inv = write_inventory(sim_cluster, tmp_path / "inventory.yaml", 1, python=str(python))
+    inv.write_text(inv.read_text().replace("  nproc_per_node: 2\n", ""))
+    (tmp_path / "wait.py").write_text(UNTIL_NAMED)
+    done = run_clusterrun("up", "--nproc-per-node", "3", "--notify", hook.url, str(inv), "wait.py",
+                          str(tmp_path / "runs"), cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id = json.loads(run_clusterrun("runs", "--json", cwd=tmp_path).stdout)[-1]["run_id"]
+    plan = json.loads((tmp_path / "runs" / run_id / "plan.json").read_text())
+    gpus = plan["nodes"][0]["gpus"]
+    assert 1 in gpus, gpus
+    rank = gpus.index(1)  # local rank i on the node's i-th GPU
+    line = (f"node0 rank {rank} looks like a straggler: its GPU 1 kept working at 97% and 300 W while the other "
+            "GPUs ran at 20% and 90 W (their median), waiting for it")
+    assert line in done.stderr, done.stderr[-3000:]
+    record = json.loads(run_clusterrun("status", run_id, "--json", cwd=tmp_path).stdout)
+    named = [e for e in record["events"] if e["kind"] == "straggler"]
+    assert [(e["node"], e["rank"], e["by"], e["gpu"], e["util"], e["power"], e["util_others"], e["power_others"])
+            for e in named] == [("node0", rank, "gpu", "1", 97.0, 300.0, 20.0, 90.0)]
+    sent = [d for d in hook.received if d["event"] == "straggler"]
+    assert len(sent) == 1 and sent[0]["text"] == f"clusterrun: run {run_id}: {named[0]['text']}"
+    assert (sent[0]["node"], sent[0]["rank"], sent[0]["gpu"]) == ("node0", rank, "1")

@@ -82,6 +82,40 @@ def test_run_page_draws_a_row_of_panels_per_node_with_the_failure_energy_and_wro
     assert "totals only" not in html
 
 
+BROWN_LINE = 'stroke="#8a5a00" stroke-width="1.8"'
+BROWN_MARK = 'stroke="#8a5a00" stroke-width="1.6" stroke-dasharray="4 2"'
+
+
+def test_a_straggler_is_drawn_apart_on_its_node_row_with_its_moment_marked(tmp_path: Path) -> None:
+    run = sampled_run(tmp_path / "slow-run", 4, 2, seconds=120, straggler="gpu002")
+    verdict = next(e for e in read_record(RunDir(run)).events if e["kind"] == "straggler" and e["node"] == "gpu002")
+    assert (verdict["node"], verdict["rank"], verdict["gpu"], verdict["by"]) == ("gpu002", 5, "1", "gpu")
+    at = verdict["time"] - T0
+    assert 24 < at <= 36  # the others wait from 24 s on; named within the rule's 10 s of samples after
+    html = write_run_page(run).read_text(encoding="utf-8")
+    text = " ".join(text_of(html).split())
+    assert re.search(rf"\u25a0 straggler at {at:.1f}s: gpu002 rank 5 looks like a straggler: its GPU 1 kept working at "
+                     r"9\d% and 300 W while the other GPUs ran at \d+% and \d+ W \(their median\)", text), text
+    assert "A straggler's evidence is brown" in text
+    rows = _rows(html)
+    titles = re.findall(r'class="panel"><title>([^<]*)</title>', rows["gpu002"])
+    assert titles[2:] == ["gpu002: utilisation of its 2 GPU(s); brown: GPU 1 (rank 5, the straggler)",
+                          "gpu002: power of its 2 GPU(s); brown: GPU 1 (rank 5, the straggler)",
+                          "gpu002: CPU of ranks 4, 5; brown: rank 5 (the straggler)"]
+    # Its GPU's own utilisation and power and its rank's CPU, one brown line each; its moment across its row only.
+    assert rows["gpu002"].count(BROWN_LINE) == 3
+    assert rows["gpu002"].count(BROWN_MARK) == 5
+    assert set(re.findall(r'<line x1="(\d+)"[^>]*' + re.escape(BROWN_MARK), rows["gpu002"])) == {
+        str(round(214 * at / 122))}
+    assert "gpu002 \u25a0 straggler rank 5" in " ".join(text_of(rows["gpu002"]).split())
+    assert all(BROWN_LINE not in svg and BROWN_MARK not in svg for node, svg in rows.items() if node != "gpu002")
+    # The brown util line is the GPU's own readings: 97% after the others began to wait, in the points' text too.
+    points = _points(html, "gpu002")
+    column = points[0].index("GPU 1 util (%)")
+    assert all(p[column] == "97" for p in points[1:] if float(p[0]) > 30)
+    assert all(30 <= float(p[points[0].index("GPU util (%)")]) <= 70 for p in points[1:] if float(p[0]) > 30)
+
+
 def test_a_run_without_gpus_has_no_gpu_columns_and_an_unsampled_run_says_so(tmp_path: Path) -> None:
     html = write_run_page(sampled_run(tmp_path / "cpu-run", 2, 2, seconds=30, gpus=False)).read_text()
     assert "GPU utilisation" not in html and "GPU power" not in html and "GPU energy:" not in html
@@ -142,7 +176,8 @@ def keep(page: Path, tmp_path: Path, name: str, height: int) -> Path:
 @pytest.mark.skipif(chromium() is None and "CI" not in os.environ, reason="no chromium here")
 @pytest.mark.parametrize("nodes", [4, 64])
 def test_series_pages_show_in_a_browser(tmp_path: Path, nodes: int) -> None:
-    page = write_run_page(sampled_run(tmp_path / f"run{nodes}", nodes, 8, seconds=300, wrong_nic="gpu002"))
+    page = write_run_page(sampled_run(tmp_path / f"run{nodes}", nodes, 8, seconds=300, wrong_nic="gpu002",
+                                      straggler="gpu003"))
     html = dom(page)
     assert len(_rows(html)) == nodes
     assert "NICs, GPUs and ranks over time" in text_of(html)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathLoss, PathWatchState, StragglerWatch
-from clusterrun.remote.answers import Flight, Load, Stack
+from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathLoss, PathWatchState
+from clusterrun.remote.answers import Flight, Stack
 from clusterrun.remote.decode import decode
 from clusterrun.remote.pathwatch import PathWatch
 from clusterrun.runs.judge import Failure
@@ -153,29 +153,6 @@ def test_a_loss_report_about_a_node_whose_job_ended_is_not_recorded() -> None:
     assert watch.state.verdict(20.0, ended=set()) is None  # nor counted against anyone
     watch.on_path("n1", decode(lost, "n1"), now=10.0, stopping=False, ended=set())
     assert [e["kind"] for e in recorded] == ["path-lost"]
-
-
-def test_a_node_busy_while_the_others_wait_is_named_once() -> None:
-    said: list[str] = []
-    events: list[dict] = []
-    watch = StragglerWatch(said.append, events.append, windows=3)
-    for _ in range(3):
-        watch.on_load("n0", Load({"0": 0.10, "1": 0.12}))
-        watch.on_load("n1", Load({"2": 0.95, "3": 0.97}))
-        watch.on_load("n2", Load({"4": 0.15, "5": 0.11}))
-    watch.on_load("n1", Load({"2": 0.99}))
-    assert len(said) == 1 and said[0].startswith("n1 looks like a straggler: its ranks kept")
-    assert [e["node"] for e in events] == ["n1"]
-
-
-def test_evenly_busy_nodes_are_no_stragglers() -> None:
-    said: list[str] = []
-    watch = StragglerWatch(said.append, lambda _e: None, windows=2)
-    for _ in range(3):
-        for node in ("n0", "n1", "n2"):
-            watch.on_load(node, Load({"0": 0.9}))
-    watch.on_load("n3", Load({"9": 0.3}))
-    assert said == []
 
 
 def test_the_verdict_names_the_path_to_the_master_whatever_came_first() -> None:

@@ -75,7 +75,7 @@ class Supervisor:
         if self.settings.hang_timeout:
             self.hang = HangWatch(self.settings.hang_timeout, self.settings.on_hang, self._send_running,
                                   self.relay.save, self.console.info, self._record, self._fail, plan.master.name)
-        self.stragglers = StragglerWatch(self.console.info, self._record) if plan.nnodes > 1 else None
+        self.stragglers = StragglerWatch.for_plan(plan, self.console.info, self._record, notifier)
         self.watch: DataPathWatch | None = None
         if self.settings.path_watch and plan.nnodes > 1:
             ordered = sorted(plan.nodes, key=lambda n: n.node_rank)
@@ -179,8 +179,6 @@ class Supervisor:
             for verdict in self.series.on_sample(name, event):
                 self.console.info(verdict.message())
                 self._record(verdict.record_event())
-        elif kind == protocol.LOAD and self.stragglers is not None:
-            self.stragglers.on_load(name, event)
         elif kind == protocol.STACK and self.hang is not None:
             self.hang.on_stack(name, event, item.payload)
         elif kind == protocol.FLIGHT and self.hang is not None:
@@ -199,6 +197,8 @@ class Supervisor:
             if event.watch:
                 self.outcome.watch_cost[name] = event.watch
             self._node_exit(node, event)
+        if kind in (protocol.LOAD, protocol.SAMPLE) and self.stragglers is not None:  # work: who the others wait for
+            self.stragglers.on_event(name, event)
 
     def _node_exit(self, node: NodeOutcome, event: answers.Exit) -> None:
         end = judge_node(node.name, list(node.ranks), event, stopping=self.phase.stopping,

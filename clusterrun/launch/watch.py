@@ -10,6 +10,7 @@ then blames the node that appears in the most lost paths. On a tie: a node clust
 down, not just its data path), then a node with no path seen to work, then the one that reported the most losses
 (its own paths failed). That rule, :func:`at_fault`, is also the check before the start's
 (:mod:`clusterrun.launch.pathcheck`). The verdict names the node, its NIC, the peer it stopped reaching and when.
+:class:`StragglerWatch` says who the others wait for (the rule: :mod:`clusterrun.runs.stragglers`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from clusterrun.facts.flight import digest as flight_digest
 from clusterrun.facts.stacks import digest, odd_ones
 from clusterrun.remote import answers, protocol
 from clusterrun.runs.judge import HUNG, Failure
+from clusterrun.runs.stragglers import StragglerJudge
 
 SETTLE = 2.0  # seconds to gather the other ends' reports of a failure before naming a node
 
@@ -327,43 +329,39 @@ class HangWatch:
 
 
 class StragglerWatch:
-    """One node's ranks busy while the others' wait for them: said once per node, nothing else is done.
+    """The straggler rule (:mod:`clusterrun.runs.stragglers`: the rank that keeps working while the others wait, by
+    CPU share and, where there are GPUs, by GPU utilisation and power) in the supervisor: fed the agents' ``load``
+    reports and the nodes' samples; each verdict said in one line, kept as an event of the run (kind
+    ``straggler``) and sent to ``--notify``. Nothing else is done: the job goes on."""
 
-    In synchronous training every rank waits for the slowest at each collective, so a straggler is the node
-    whose ranks stay busy while the others idle. The agents report each rank's share of a CPU every few
-    seconds (``load`` events); a node whose ranks' mean share stays at least ``factor`` times the other
-    nodes' median, and at least ``busy``, over ``windows`` reports in a row is named.
-    """
+    def __init__(self, say: Callable[[str], None], record: Callable[[dict[str, Any]], None],
+                 judge: StragglerJudge | None = None,
+                 notify: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        self.say, self.record, self.notify = say, record, notify
+        self.judge = judge or StragglerJudge()
 
-    def __init__(self, say: Callable[[str], None], record: Callable[[dict[str, Any]], None], *,
-                 windows: int = 3, busy: float = 0.5, factor: float = 2.0) -> None:
-        self.say, self.record = say, record
-        self.windows, self.busy, self.factor = windows, busy, factor
-        self.samples: dict[str, list[float]] = {}
-        self.said: set[str] = set()
+    @classmethod
+    def for_plan(cls, plan: Any, say: Callable[[str], None], record: Callable[[dict[str, Any]], None],
+                 notifier: Any = None) -> StragglerWatch | None:
+        """The watch of a :class:`~clusterrun.planning.planfile.LaunchPlan` (None: one rank, no one to wait for). Local rank
+        i uses the i-th of its node's GPUs; ``notifier``: a :class:`~clusterrun.notify.Notifier`, or None."""
+        if plan.world_size < 2:
+            return None
+        gpus = {n.name: {str(g): n.rank_offset + i for i, g in enumerate(n.gpus[:n.nproc_per_node])}
+                for n in plan.nodes}
+        notify = None
+        if notifier is not None:
+            def notify(text: str, fields: dict[str, Any]) -> None:
+                notifier.send("straggler", f"clusterrun: run {plan.run_id}: {text}", run_id=plan.run_id, **fields)
+        return cls(say, record, StragglerJudge(gpus), notify)
 
-    def on_load(self, node: str, event: answers.Load) -> None:
-        shares = [float(v) for v in event.cpu.values()]
-        if not shares:
-            return
-        window = self.samples.setdefault(node, [])
-        window.append(sum(shares) / len(shares))
-        del window[:-self.windows]
-        self._judge()
-
-    def _judge(self) -> None:
-        full = {n: sum(w) / len(w) for n, w in self.samples.items() if len(w) == self.windows}
-        if len(full) < 2:
-            return
-        for node, share in full.items():
-            others = sorted(v for n, v in full.items() if n != node)
-            median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1]
-                                                                        + others[len(others) // 2]) / 2
-            if node in self.said or share < self.busy or share < self.factor * max(median, 0.05):
-                continue
-            self.said.add(node)
-            text = (f"{node} looks like a straggler: its ranks kept {share:.0%} of a CPU busy while the other "
-                    f"nodes' ranks used {median:.0%}, waiting for it (a slower or busier machine, or more work "
-                    "on its ranks); clusterrun does nothing about it")
-            self.say(text)
-            self.record({"time": time.time(), "node": node, "kind": "straggler", "text": text})
+    def on_event(self, node: str, event: answers.Answer) -> None:
+        """A ``load`` report or a ``sample`` of ``node``, as decoded (the judge reads them as the mappings the
+        agent sent: runs/stragglers.py is shared with what reads a record's series)."""
+        found = (self.judge.on_load(node, {"cpu": event.cpu, "time": event.time}) if isinstance(event, answers.Load)
+                 else self.judge.on_sample(node, event._asdict()) if isinstance(event, answers.Sample) else [])
+        for verdict in found:
+            self.say(verdict.message())
+            self.record(verdict.record_event())
+            if self.notify is not None:
+                self.notify(verdict.message(), {"node": verdict.node, **verdict.fields()})

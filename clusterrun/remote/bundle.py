@@ -39,6 +39,7 @@ SUPERVISOR_MODULES = (
     "clusterrun.remote.ready", "clusterrun.remote.session", "clusterrun.remote.warm", "clusterrun.remote.wire",
     "clusterrun.runs", "clusterrun.runs.dirs", "clusterrun.runs.judge", "clusterrun.runs.live",
     "clusterrun.runs.record", "clusterrun.runs.timeline", "clusterrun.runs.series", "clusterrun.runs.traffic",
+    "clusterrun.runs.stragglers",
     "clusterrun.transport.base",
 )
 #: Node-side files the supervisor hands on to the agents (the workers' stack hook): see ``remote.source``.

@@ -3,9 +3,9 @@ to at most :data:`POINTS` points on the run's time axis, with each line's mean a
 the node's GPU energy (clusterrun/runs/traffic.py).
 
 Lines per node: the data NIC's rx and tx and the RDMA ports' traffic (bytes per second), the two busiest other
-NICs (rx + tx; ``lo`` left out), the GPUs' mean and lowest utilisation and their summed power, and each rank's
-CPU share. A point is the time-weighted mean of the samples in its stretch of the axis; a hole in the samples
-(an agent restarted, a restart's pause) breaks the line.
+NICs (rx + tx; ``lo`` left out), the GPUs' mean and lowest utilisation and their summed power (and, where asked,
+one GPU's own: a straggler's), and each rank's CPU share. A point is the time-weighted mean of the samples in its
+stretch of the axis; a hole in the samples (an agent restarted, a restart's pause) breaks the line.
 """
 
 from __future__ import annotations
@@ -87,6 +87,11 @@ def _values(sample: Mapping[str, Any], data_nic: str | None) -> dict[str, float]
     powers = [p for g in gpus.values() if isinstance(g, Mapping) and (p := _num(g.get("power"))) is not None]
     if powers:
         out["power"] = sum(powers)
+    for index, g in gpus.items():  # each GPU's own, drawn for a straggler's GPU
+        for key, name in (("util", "gpu_util"), ("power", "gpu_power")):
+            value = _num(g.get(key)) if isinstance(g, Mapping) else None
+            if value is not None:
+                out[f"{name}:{index}"] = value
     ranks = sample.get("ranks") if isinstance(sample.get("ranks"), Mapping) else {}
     for rank, reading in ranks.items():
         cpu = _num(reading.get("cpu")) if isinstance(reading, Mapping) else None
@@ -96,9 +101,10 @@ def _values(sample: Mapping[str, Any], data_nic: str | None) -> dict[str, float]
 
 
 def node_series(run_dir: Path, node: str, data_nic: str | None, t0: float, total: float,
-                points: int = POINTS) -> NodeSeries | None:
+                points: int = POINTS, gpus_drawn: tuple[str, ...] = ()) -> NodeSeries | None:
     """``node``'s lines on the axis 0 .. ``total`` seconds from ``t0``, ``points`` points each at most (None: the
-    node has no samples)."""
+    node has no samples); ``gpus_drawn``: GPUs (physical indices) whose own utilisation and power are drawn too
+    (``gpu_util:<i>``, ``gpu_power:<i>``: a straggler's)."""
     raw = series.read_series(run_dir, node)
     rows: list[tuple[float, float, dict[str, float]]] = []  # (seconds since t0, dt, values)
     gpus: set[str] = set()
@@ -130,7 +136,7 @@ def node_series(run_dir: Path, node: str, data_nic: str | None, t0: float, total
                                                                                       if r.isdigit() else 0, r))
     out.rdma = "rdma" in sums and sums["rdma"][2] > 0
     keep = ["rx", "tx", *(["rdma"] if out.rdma else []), *busiest[:2], "util", "util_min", "power",
-            *(f"cpu:{r}" for r in out.ranks)]
+            *(f"cpu:{r}" for r in out.ranks), *(f"{k}:{g}" for g in gpus_drawn for k in ("gpu_util", "gpu_power"))]
     out.lines = _downsample(rows, [k for k in keep if k in sums], total / max(points, 1))
     return out
 

@@ -1,6 +1,8 @@
 """The run page's series: per node a row of small panels on the run's time axis (the data NIC's rx and tx and
 the RDMA ports, the two busiest other NICs, GPU utilisation and power where the node has GPUs, CPU per rank),
-the first failure and the restarts marked across every panel; the run's GPU energy; traffic on the wrong NIC.
+the first failure and the restarts marked across every panel; the run's GPU energy; traffic on the wrong NIC; a
+straggler's evidence (its rank's CPU line and its GPU's own utilisation and power drawn apart, its moment marked
+across its node's row).
 Every value drawn is also in the page's text: a table of each line's mean and peak per node, and the points
 themselves in a closed ``<details>`` per node."""
 
@@ -23,6 +25,8 @@ FEWER_POINTS = 72
 GREEN, PURPLE = "#009E73", "#CC79A7"
 #: event kind of a wrong-NIC verdict in the record (clusterrun/runs/traffic.py)
 WRONG_NIC = "wrong-nic"
+#: event kind of a straggler verdict (clusterrun/runs/stragglers.py), and the colour of its evidence
+STRAGGLER, BROWN = "straggler", "#8a5a00"
 
 
 def _rate(v: float | None) -> str:
@@ -49,8 +53,13 @@ def series_section(data: RunData) -> str:
     nics = {str(n.get("name")): n.get("data_nic") for n in data.nodes}
     order = [n for n in data.node_names() if n in names] + [n for n in names if n not in data.node_names()]
     points = POINTS if len(order) <= HEADER_EVERY else FEWER_POINTS
-    drawn = [s for s in (node_series(data.run.path, n, nics.get(n), t0, total, points) for n in order)
-             if s is not None]
+    slow = {}  # node -> its straggler verdict (the first)
+    for event in data.record.events:
+        if event.get("kind") == STRAGGLER and isinstance(event.get("time"), (int, float)):
+            slow.setdefault(str(event.get("node")), event)
+    drawn = [s for s in (node_series(data.run.path, n, nics.get(n), t0, total, points,
+                                     (str(slow[n]["gpu"]),) if slow.get(n, {}).get("gpu") is not None else ())
+                         for n in order) if s is not None]
     if not drawn:
         return head + "<p class=\"legend\">The series files hold no sample.</p>"
     wrong = [e for e in data.record.events if e.get("kind") == WRONG_NIC]
@@ -61,9 +70,9 @@ def series_section(data: RunData) -> str:
     if failed_at is not None and failure is not None:
         marks.append(Point(failed_at - t0, "\u2717", f"first failure at {seconds(failed_at - t0)}: "
                                                      f"{failure.describe()}", VERMILLION))
-    out = [head, _legend(failure, failed_at, t0, any(m.colour == GREY for m in marks)),
-           _energy(drawn), *(_wrong(e, t0) for e in wrong)]
-    out.append('<figure class="wide">' + _grid(drawn, total, marks, wrong, failure, t0) + "</figure>")
+    out = [head, _legend(failure, failed_at, t0, any(m.colour == GREY for m in marks), bool(slow)),
+           _energy(drawn), *(_wrong(e, t0) for e in wrong), *(_straggler(e, t0) for e in slow.values())]
+    out.append('<figure class="wide">' + _grid(drawn, total, marks, wrong, failure, t0, slow) + "</figure>")
     missing = [n for n in data.node_names() if n not in names]
     if missing:
         out.append(f"<p class=\"legend\">No samples from {esc(', '.join(missing))}.</p>")
@@ -72,7 +81,7 @@ def series_section(data: RunData) -> str:
     return "".join(out)
 
 
-def _legend(failure: Any, failed_at: float | None, t0: float, restarts: bool) -> str:
+def _legend(failure: Any, failed_at: float | None, t0: float, restarts: bool, slow: bool = False) -> str:
     text = ("Each node's row on the run's time axis, every panel of a column on the same scale (its top in the "
             "column's title), so that a node that differs stands out down the column; a panel's own peak is in its "
             "corner. Both NIC columns share one scale: traffic on a NIC that should be quiet is as tall as the "
@@ -85,6 +94,10 @@ def _legend(failure: Any, failed_at: float | None, t0: float, restarts: bool) ->
         text += " The first failure has no time in the record: it is not marked."
     if restarts:
         text += " Grey dashed lines (\u21bb): a restart's attempt starts."
+    if slow:
+        text += (" A straggler's evidence is brown: its rank's CPU line and its GPU's own utilisation and power "
+                 "(against the node's mean and the others' lines), and a brown dashed line (\u25a0) across its node's "
+                 "row when it was named.")
     return f'<p class="legend">{esc(text)}</p>'
 
 
@@ -107,6 +120,11 @@ def _wrong(event: Mapping[str, Any], t0: float) -> str:
     return f"<p>{mark('warn', 'wrong NIC')}{esc(when)}: {esc(event.get('text'))}</p>"
 
 
+def _straggler(event: Mapping[str, Any], t0: float) -> str:
+    at = seconds(float(event["time"]) - t0)
+    return f"<p><span class=\"v warn\">\u25a0 straggler</span> at {esc(at)}: {esc(event.get('text'))}</p>"
+
+
 def _columns(drawn: Sequence[NodeSeries]) -> list[tuple[str, str, str, float]]:
     """(key, title, the lines' key, scale top) per column; the GPU columns only when a node has GPUs."""
     nic_top = max((s.top("rx", "tx", "rdma", "nic:") for s in drawn), default=0.0) or 1.0
@@ -122,8 +140,12 @@ def _columns(drawn: Sequence[NodeSeries]) -> list[tuple[str, str, str, float]]:
 
 
 def _panel(s: NodeSeries, key: str, top: float, glyphs: list[tuple[float, str, str]],
-           failed_rank: str | None) -> panels.Panel:
+           failed_rank: str | None, slow: Mapping[str, Any] | None = None) -> panels.Panel:
     pts, st = s.lines, s.stats
+    slow_rank = str(slow["rank"]) if slow and slow.get("rank") is not None else None
+    slow_gpu = str(slow["gpu"]) if slow and slow.get("gpu") is not None else None
+    whose = f"; brown: GPU {slow_gpu} (rank {slow_rank}, the straggler)" if slow_gpu and slow_rank else (
+        f"; brown: GPU {slow_gpu} (the straggler)" if slow_gpu else "")
 
     def line(k: str, colour: str, dash: str = "", width: float = 1.3) -> list[panels.Line]:
         return [panels.Line(pts[k], colour, dash, width)] if pts.get(k) else []
@@ -146,18 +168,21 @@ def _panel(s: NodeSeries, key: str, top: float, glyphs: list[tuple[float, str, s
         if not s.gpus:
             return panels.Panel(f"{s.name}: no GPUs", (), top, "", "no GPUs")
         if key == "util":
-            lines = line("util", BLUE) + line("util_min", SKY, "4 2")
+            lines = line("util", BLUE) + line("util_min", SKY, "4 2") + line(f"gpu_util:{slow_gpu}", BROWN, "", 1.8)
             low = st["util_min"].mean if "util_min" in st else None
-            return panels.Panel(f"{s.name}: utilisation of its {s.gpus} GPU(s)", lines, top,
+            return panels.Panel(f"{s.name}: utilisation of its {s.gpus} GPU(s){whose}", lines, top,
                                 f"{s.gpus} GPUs, mean {st['util'].mean:.0f}%" + (f", low {low:.0f}%" if low is not None
                                                                                 else "") if "util" in st else "",
                                 "no utilisation readings")
-        return panels.Panel(f"{s.name}: power of its {s.gpus} GPU(s)", line("power", VERMILLION), top,
+        return panels.Panel(f"{s.name}: power of its {s.gpus} GPU(s){whose}",
+                            line("power", VERMILLION) + line(f"gpu_power:{slow_gpu}", BROWN, "", 1.8), top,
                             f"peak {si(st['power'].peak, 'W')}" if "power" in st else "", "no power readings")
-    lines = [L for r in s.ranks if r != failed_rank for L in line(f"cpu:{r}", BLUE, "", 1.0)]
+    lines = [L for r in s.ranks if r not in (failed_rank, slow_rank) for L in line(f"cpu:{r}", BLUE, "", 1.0)]
+    lines += line(f"cpu:{slow_rank}", BROWN, "", 1.8) if slow_rank != failed_rank else []
     lines += line(f"cpu:{failed_rank}", VERMILLION, "", 1.6)  # the failing rank's, drawn last (on top)
     peak = max((st[f"cpu:{r}"].peak for r in s.ranks), default=None)
-    return panels.Panel(f"{s.name}: CPU of ranks {', '.join(s.ranks)}", lines, top,
+    brown = f"; brown: rank {slow_rank} (the straggler)" if slow_rank in s.ranks else ""
+    return panels.Panel(f"{s.name}: CPU of ranks {', '.join(s.ranks)}{brown}", lines, top,
                         f"{len(s.ranks)} ranks, peak {peak:.2f}" if peak is not None else "", "no rank readings")
 
 
@@ -166,7 +191,9 @@ def _glyphs(glyphs: list[tuple[float, str, str]], where: str) -> list[Point]:
 
 
 def _grid(drawn: Sequence[NodeSeries], total: float, marks: Sequence[Point],
-          wrong: Sequence[Mapping[str, Any]], failure: Any, t0: float) -> str:
+          wrong: Sequence[Mapping[str, Any]], failure: Any, t0: float,
+          slow: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    slow = slow or {}
     cols = _columns(drawn)
     head = panels.header([c[1] for c in cols], [c[2] for c in cols], total)
     height = 52 if len(drawn) <= 16 else 40
@@ -178,11 +205,19 @@ def _grid(drawn: Sequence[NodeSeries], total: float, marks: Sequence[Point],
                   for e in wrong if e.get("node") == s.name and isinstance(e.get("time"), (int, float))]
         strong = failure is not None and failure.node == s.name
         failed_rank = str(failure.rank) if strong and failure.rank is not None else None
-        shown = [_panel(s, key, top, glyphs, failed_rank) for key, _title, _key, top in cols]
+        verdict = slow.get(s.name)
+        shown = [_panel(s, key, top, glyphs, failed_rank, verdict) for key, _title, _key, top in cols]
         note = ("\u2717 " + (f"rank {failure.rank}" if failure.rank is not None else "failed")) if strong else ""
         if any(e.get("node") == s.name for e in wrong):
             note = (note + " " if note else "") + "\u25b2 wrong NIC"
-        out.append(panels.row(s.name, shown, total, marks=marks, height=height, strong=strong, note=note))
+        own = list(marks)
+        if verdict is not None:
+            who = (f" rank {verdict['rank']}" if verdict.get("rank") is not None else
+                   f" GPU {verdict['gpu']}" if verdict.get("gpu") is not None else "")  # an older record: the node
+            note = (note + " " if note else "") + f"\u25a0 straggler{who}"
+            own.append(Point(float(verdict["time"]) - t0, "\u25a0", f"straggler named at "
+                             f"{seconds(float(verdict['time']) - t0)}: {verdict.get('text') or ''}", BROWN))
+        out.append(panels.row(s.name, shown, total, marks=own, height=height, strong=strong, note=note))
     return "".join(out)
 
 
@@ -235,6 +270,8 @@ def _points(drawn: Sequence[NodeSeries]) -> str:
             ("rx", "MB/s", f"{s.data_nic} rx"), ("tx", "MB/s", f"{s.data_nic} tx"), ("rdma", "MB/s", "RDMA"),
             *((f"nic:{n}", "MB/s", f"{n} rx+tx") for n in s.others), ("util", "%", "GPU util"),
             ("util_min", "%", "lowest GPU"), ("power", "W", "GPU power"),
+            *((f"{k}:{g}", u, f"GPU {g} {n}") for k, u, n in (("gpu_util", "%", "util"), ("gpu_power", "W", "power"))
+              for g in sorted({key.split(":", 1)[1] for key in s.lines if key.startswith("gpu_util:")})),
             *((f"cpu:{r}", "CPU", f"rank {r} CPU") for r in s.ranks)) if s.lines.get(k)]
         at: dict[float, dict[str, float | None]] = {}
         for k, _u, _n in keys:

@@ -4,7 +4,8 @@ Synthetic readings, not a recording: every GPU of ``-i`` (default ``0,1``) at 97
 (``total_energy_consumption``, mJ) grows by 250 W over each interval. ``STANDIN_SMI_LOOP_MODE``: ``ok`` (default),
 ``hang`` (silent for an hour after ``STANDIN_SMI_LOOP_AFTER`` rounds, 2 by default), ``die`` (exit 3 after
 them), ``noenergy`` (refuses the energy field as an older nvidia-smi does). ``STANDIN_SMI_APPS``: the lines
-``--query-compute-apps`` prints (``;`` between lines).
+``--query-compute-apps`` prints (``;`` between lines). ``STANDIN_SMI_LOOP_SLOW``: a straggler's GPU (a physical
+index): it keeps working at 97 % and 300 W while every other GPU waits at 20 % and 90 W.
 """
 
 import os
@@ -25,11 +26,17 @@ def main(args: list[str]) -> int:
     ms = int(args[args.index("-lms") + 1]) if "-lms" in args else 0
     gpus = [int(g) for g in args[args.index("-i") + 1].split(",")] if "-i" in args else [0, 1]
     values = {"utilization.gpu": "97", "memory.used": "30000", "power.draw": "250.00", "temperature.gpu": "61"}
+    slow = os.environ.get("STANDIN_SMI_LOOP_SLOW")
     after = int(os.environ.get("STANDIN_SMI_LOOP_AFTER", "2"))
     rounds = 0
     while True:
         for index in gpus:
-            row = dict(values, index=str(index), total_energy_consumption=str(1000000 + int(rounds * 250 * ms)))
+            row = dict(values, index=str(index))
+            if slow:
+                waits = str(index) != slow
+                row.update({"utilization.gpu": "20" if waits else "97", "power.draw": "90.00" if waits else "300.00"})
+            watts = float(row["power.draw"])
+            row["total_energy_consumption"] = str(1000000 + int(rounds * watts * ms))
             row["pci.bus_id"] = "00000000:%02X:00.0" % (index + 1)
             print(", ".join(row.get(f, "[N/A]") for f in fields))
         sys.stdout.flush()
