@@ -11,10 +11,11 @@ factor never exceeds ``MAX_FACTOR`` (10), so a test that hangs still ends.
 
 What scales: timeouts a scenario is built from (a heartbeat or stop timeout, a path's ``dead_after``), waits for a
 condition (``until``: the condition is polled up to the scaled deadline, and returns as soon as it holds), and
-ceilings on how long something took ("nothing left within 5 s", "the send returned within 0.5 s"). A scaled
-ceiling still fails a test whose code waits for the wrong thing: those waits are tens of seconds, and the ceiling
-at most ten times a small one. A scenario that needs one span longer than another (a backlog longer than the
-heartbeat timeout) scales both, so the ratio it tests stays as written.
+ceilings on how long something took ("nothing left within 5 s", "the send returned within 0.5 s"). Scaling a
+wait for a condition weakens nothing: the condition must still come true. A scaled ceiling must stay below what
+the wrong behaviour takes even at ``MAX_FACTOR`` (the webhook test's hook hangs 30 s; its ceilings reach 5 and
+11 s): a ceiling that would not is left as written, or turned into a ratio. A scenario that needs one span longer
+than another (a backlog longer than the heartbeat timeout) scales both, so the ratio it tests stays as written.
 
 One test sees one factor: :func:`hold` (called by an autouse fixture in conftest.py before each test) samples it,
 and every ``scaled`` in the test uses that sample, so spans that must keep their ratio cannot be scaled by
