@@ -45,8 +45,8 @@ from simcluster import SimCluster  # noqa: E402
 
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings  # noqa: E402
 from clusterrun.transport import ssh_resolve, ssh_scan  # noqa: E402
-from clusterrun.transport.ssh import SshTransport  # noqa: E402
-from clusterrun.transport.ssh_target import resolve_target  # noqa: E402
+from clusterrun.transport.ssh.transport import SshTransport  # noqa: E402
+from clusterrun.transport.ssh.target import resolve_target  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

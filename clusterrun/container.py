@@ -34,7 +34,7 @@ from __future__ import annotations
 from clusterrun.facts.gpus import read_unlisted
 from clusterrun.inventory.container import ContainerSettings
 from clusterrun.inventory.kinds import Runtime
-from clusterrun.planfile import ContainerPlan, env_flags  # noqa: F401 - the container command's record
+from clusterrun.planning.planfile import ContainerPlan, env_flags  # noqa: F401 - the container command's record
 
 #: Labels that mark a run's containers on a node (``rm -f --filter label=...`` removes them).
 RUN_LABEL, NODE_LABEL = "clusterrun.run", "clusterrun.node"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from clusterrun.inventory.models import Nic, Node
-from clusterrun.network import LOOPBACK, DataPath
+from clusterrun.planning.network import LOOPBACK, DataPath
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 ``build_plan(inventory, job)`` assigns node ranks, finds the master address on the
 data network, builds the torchrun argv and the environment (rules from
-:mod:`clusterrun.nccl`, then ``defaults.env``, the node's ``env``, then ``--env``;
+:mod:`clusterrun.planning.nccl`, then ``defaults.env``, the node's ``env``, then ``--env``;
 later wins, and each variable records where it came from). ``clusterrun plan`` and
 ``clusterrun up --dry-run`` print this object; ``up`` executes the same object.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 
-from clusterrun.container import build_container
+from clusterrun.planning.container import build_container
 from clusterrun.errors import PlanError
 from clusterrun.inventory.models import Inventory, Node, Transport
-from clusterrun.nccl import RuleContext, rule_env
-from clusterrun.network import DataNetwork, resolve_data_network
-from clusterrun.planfile import (  # noqa: F401 - the plan's records, imported from here by most of clusterrun
+from clusterrun.planning.nccl import RuleContext, rule_env
+from clusterrun.planning.network import DataNetwork, resolve_data_network
+from clusterrun.planning.planfile import (  # noqa: F401 - the plan's records, imported from here by most of clusterrun
     CPU_BIND_VAR,
     MAX_RESTARTS_VAR,
     REMOTE_RUNS_DIR,

@@ -1,6 +1,6 @@
 """The launch plan's records: what runs on each node, as ``plan.json`` holds it, and back.
 
-:func:`clusterrun.plan.build_plan` makes a :class:`LaunchPlan` from the inventory; this module only holds the
+:func:`clusterrun.planning.plan.build_plan` makes a :class:`LaunchPlan` from the inventory; this module only holds the
 records and their round trip (:meth:`LaunchPlan.to_dict`, :meth:`LaunchPlan.from_dict`). Standard library only:
 it travels to rank 0's node with the cluster supervisor of a detached run, which reads the plan it was given.
 """

@@ -23,7 +23,7 @@ from clusterrun.cli.runs_cmd import down
 from clusterrun.cli.up_cmd import up
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.settings import SupervisorSettings
-from clusterrun.plan import EnvVar, NodePlan
+from clusterrun.planning.plan import EnvVar, NodePlan
 from clusterrun.remote import job, protocol
 from clusterrun.remote.protocol import Frame, frames
 from clusterrun.transport.local import LocalTransport

@@ -7,7 +7,7 @@ from __future__ import annotations
 from clusterrun.inventory.yaml_source import parse_inventory_text
 from clusterrun.launch.pathcheck import PathReport, _name_suspect, _paths
 from clusterrun.launch.watch import at_fault
-from clusterrun.plan import JobSpec, LaunchPlan, build_plan
+from clusterrun.planning.plan import JobSpec, LaunchPlan, build_plan
 
 ORDER = ["n0", "n1", "n2", "n3"]
 

@@ -13,7 +13,7 @@ import pytest
 
 from clusterrun.errors import InventoryError
 from clusterrun.inventory.yaml_source import parse_inventory_text
-from clusterrun.plan import JobSpec, LaunchPlan, build_plan
+from clusterrun.planning.plan import JobSpec, LaunchPlan, build_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun import remote
-from clusterrun.plan import CPU_BIND_VAR
+from clusterrun.planning.plan import CPU_BIND_VAR
 
 #: The child says where it may run and its memory policy (get_mempolicy: mode 1 is MPOL_PREFERRED).
 REPORT = """

@@ -188,8 +188,8 @@ def test_a_restart_on_the_serialized_plan_is_the_planners(inventory: str, first:
     import dataclasses
 
     from clusterrun.inventory.yaml_source import load_inventory
-    from clusterrun.plan import JobSpec, build_plan
-    from clusterrun.planfile import LaunchPlan
+    from clusterrun.planning.plan import JobSpec, build_plan
+    from clusterrun.planning.planfile import LaunchPlan
 
     inv = load_inventory(Path(__file__).parent.parent / "inventories" / inventory)
     job = JobSpec(script="train.py", run_id="20261127-101500-abcd", args=("--lr", "0.1"), restarts=3)

@@ -13,7 +13,7 @@ from clusterrun.doctor.registry import all_checks
 from clusterrun.errors import InventoryError
 from clusterrun.inventory.models import inventory_json_schema
 from clusterrun.inventory.yaml_source import parse_inventory_text
-from clusterrun.nccl import RULES
+from clusterrun.planning.nccl import RULES
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 INVENTORY_MD = DOCS / "inventory.md"

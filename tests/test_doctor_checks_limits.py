@@ -232,7 +232,7 @@ def test_clusterrun_sets_only_inventory_env_when_no_plan_fits(monkeypatch: pytes
     def no_plan(inv: Inventory) -> None:
         raise PlanError("no data network")
 
-    monkeypatch.setattr("clusterrun.network.resolve_data_network", no_plan)
+    monkeypatch.setattr("clusterrun.planning.network.resolve_data_network", no_plan)
     assert clusterrun_sets(ETH, ETH.nodes[0]) == {"NCCL_DEBUG"}
 
 

@@ -20,7 +20,7 @@ from clusterrun.cli.job_options import build_job
 from clusterrun.errors import PlanError, UsageError
 from clusterrun.export.kubeflow import DEVICE_VARS, KubeOptions, pytorchjob, trainjob
 from clusterrun.inventory.yaml_source import parse_inventory_text
-from clusterrun.plan import JobSpec, build_plan
+from clusterrun.planning.plan import JobSpec, build_plan
 
 jsonschema = pytest.importorskip("jsonschema")
 

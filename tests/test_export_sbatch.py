@@ -304,7 +304,7 @@ def test_shared_filesystem_runs_the_script_in_the_workdir() -> None:
 
 def test_a_script_path_with_a_line_break_stays_inside_comments_and_quotes(tmp_path: Path) -> None:
     from clusterrun.inventory.yaml_source import parse_inventory_text
-    from clusterrun.plan import JobSpec, build_plan
+    from clusterrun.planning.plan import JobSpec, build_plan
 
     inv = parse_inventory_text("version: 1\nnodes:\n  - {name: a, host: a}\n  - {name: b, host: b}\n", "two.yaml")
     plan = build_plan(inv, JobSpec(script="odd\n#SBATCH --nodes=99\n$(touch pwned).py", run_id="r1"))

@@ -32,7 +32,7 @@ from clusterrun.errors import InventoryError, UsageError
 from clusterrun.inventory.sources import HostSource, load_cluster
 from clusterrun.inventory.textfile import MAX_FILE_BYTES
 from clusterrun.inventory.yaml_source import MAX_DEPTH, load_inventory, parse_inventory_text
-from clusterrun.network import resolve_data_network
+from clusterrun.planning.network import resolve_data_network
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Which GPUs a run takes on a node (clusterrun/gpuchoice.py), on recorded topologies: a listed set as given within
+"""Which GPUs a run takes on a node (clusterrun/planning/gpuchoice.py), on recorded topologies: a listed set as given within
 what the node allows, a busy or held one refused with the process or run named; without a list idle GPUs only,
 the best-linked set (one NVLink island, else one PCIe switch, else one NUMA node); each rank's CPUs."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from gpunodes import smi_command
 
-from clusterrun import gpuchoice
+from clusterrun.planning import gpuchoice
 from clusterrun.facts import gpus as gpu_facts
 from clusterrun.facts.gpus import GpuProcess, GpuUse, NodeGpus
 from clusterrun.facts.parsers import topo
-from clusterrun.gpuchoice import Binding, GpuRefused, choose
+from clusterrun.planning.gpuchoice import Binding, GpuRefused, choose
 from clusterrun.remote import gpufacts
 
 TOPO = Path(__file__).parent / "fixtures" / "real" / "topo"

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from gpunodes import smi_command
 
-from clusterrun.container import build_container
+from clusterrun.planning.container import build_container
 from clusterrun.errors import GpusLeased, StartError
 from clusterrun.inventory.container import ContainerSettings
 from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.yaml_source import parse_inventory_text
 from clusterrun.launch.ready import NodeReady
 from clusterrun.launch.replan import plan_with_facts
-from clusterrun.plan import CPU_BIND_VAR, JobSpec, LaunchPlan, build_plan
+from clusterrun.planning.plan import CPU_BIND_VAR, JobSpec, LaunchPlan, build_plan
 from clusterrun.remote import gpufacts
 from clusterrun.remote.nodefacts import visible_gpus
 

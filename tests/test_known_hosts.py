@@ -13,7 +13,7 @@ import pytest
 
 from clusterrun.errors import HostKeyError
 from clusterrun.inventory.models import HostKeyPolicy
-from clusterrun.transport.known_hosts import (
+from clusterrun.transport.ssh.known_hosts import (
     HostKeyCheck,
     KnownHosts,
     Verdict,
@@ -21,7 +21,7 @@ from clusterrun.transport.known_hosts import (
     fingerprint,
     parse_known_hosts,
 )
-from clusterrun.transport.ssh_target import SshTarget
+from clusterrun.transport.ssh.target import SshTarget
 
 KEY_A = paramiko.ECDSAKey.generate()
 KEY_B = paramiko.ECDSAKey.generate()

@@ -20,7 +20,7 @@ from clusterrun.facts.leases import held_gpus, parse_leases, spare_leased_gpus
 from clusterrun.facts.node import ProbedNode
 from clusterrun.inventory.yaml_source import parse_inventory_text
 from clusterrun.launch.replan import GpuWait, with_slurm_topology
-from clusterrun.plan import JobSpec, build_plan
+from clusterrun.planning.plan import JobSpec, build_plan
 from clusterrun.remote import leases
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ import pytest
 
 from clusterrun.facts.nics import NetFacts, parse_net_facts, probed_nics, reconcile
 from clusterrun.inventory.models import Inventory, NicKind
-from clusterrun.plan import JobSpec, build_plan
+from clusterrun.planning.plan import JobSpec, build_plan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "ip"
 

@@ -31,7 +31,7 @@ from clusterrun.facts.parsers import ibstat
 from clusterrun.facts.parsers.ibstat import PhysState, PortState
 from clusterrun.inventory.models import Inventory, Nic, NicKind
 from clusterrun.launch.replan import with_found_gpus
-from clusterrun.plan import JobSpec, build_plan
+from clusterrun.planning.plan import JobSpec, build_plan
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 KERNEL_STATE = {PortState.DOWN: "1: DOWN", PortState.INIT: "2: INIT", PortState.ARMED: "3: ARMED",

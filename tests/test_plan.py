@@ -9,8 +9,8 @@ import pytest
 
 from clusterrun.errors import PlanError
 from clusterrun.inventory.yaml_source import load_inventory, parse_inventory_text
-from clusterrun.nccl import RULES
-from clusterrun.plan import JobSpec, build_plan
+from clusterrun.planning.nccl import RULES
+from clusterrun.planning.plan import JobSpec, build_plan
 
 INVENTORIES = Path(__file__).resolve().parent.parent / "inventories"
 

@@ -13,7 +13,7 @@ from simjobs import connecting_to, start_clusterrun, the_run, wait_for_lines, wa
 
 from clusterrun.inventory.yaml_source import load_inventory
 from clusterrun.launch.up import _new_run_dir
-from clusterrun.plan import JobSpec, build_plan
+from clusterrun.planning.plan import JobSpec, build_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,10 +22,11 @@ from loadscale import until
 
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
-from clusterrun.transport import ssh_config, ssh_resolve
-from clusterrun.transport.jump_spec import JumpHop, parse_jump_spec
-from clusterrun.transport.ssh_config import config_files, lookup_config
-from clusterrun.transport.ssh_target import resolve_target
+from clusterrun.transport.ssh import config as ssh_config
+from clusterrun.transport.ssh import resolve as ssh_resolve
+from clusterrun.transport.ssh.jump_spec import JumpHop, parse_jump_spec
+from clusterrun.transport.ssh.config import config_files, lookup_config
+from clusterrun.transport.ssh.target import resolve_target
 
 SSH = shutil.which("ssh")  # the real client, for comparing with `ssh -G` whatever PATH a test sets
 needs_ssh = pytest.mark.skipif(SSH is None, reason="the OpenSSH client is not installed")

@@ -18,9 +18,9 @@ from simjobs import CONNECT_TIMEOUT
 
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
-from clusterrun.transport import ssh_resolve
-from clusterrun.transport.ssh import SshTransport
-from clusterrun.transport.ssh_target import DEFAULT_CONNECT_TIMEOUT, resolve_target
+from clusterrun.transport.ssh import resolve as ssh_resolve
+from clusterrun.transport.ssh.transport import SshTransport
+from clusterrun.transport.ssh.target import DEFAULT_CONNECT_TIMEOUT, resolve_target
 
 SSH = shutil.which("ssh")
 pytestmark = pytest.mark.skipif(SSH is None, reason="the OpenSSH client is not installed")

@@ -21,7 +21,7 @@ import pytest
 
 from clusterrun.errors import CommandTimeout, ConnectError, TransportError, UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
-from clusterrun.transport.ssh import SshTransport
+from clusterrun.transport.ssh.transport import SshTransport
 
 CONNECT_TIMEOUT = 1.0
 BOUND = 5.0  # generous: each failure below must come after about CONNECT_TIMEOUT, never "eventually"

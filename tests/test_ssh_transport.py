@@ -15,8 +15,8 @@ from simjobs import CONNECT_TIMEOUT, run_clusterrun, write_inventory
 
 from clusterrun.errors import CommandTimeout, ConnectError, HostKeyError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
-from clusterrun.transport.known_hosts import fingerprint
-from clusterrun.transport.ssh import SshTransport
+from clusterrun.transport.ssh.known_hosts import fingerprint
+from clusterrun.transport.ssh.transport import SshTransport
 
 pytestmark = pytest.mark.cluster
 

@@ -26,9 +26,9 @@ from simjobs import CONNECT_TIMEOUT
 
 from clusterrun.errors import AuthError, UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
-from clusterrun.transport import ssh_resolve
-from clusterrun.transport.ssh import SshTransport
-from clusterrun.transport.ssh_target import resolve_target
+from clusterrun.transport.ssh import resolve as ssh_resolve
+from clusterrun.transport.ssh.transport import SshTransport
+from clusterrun.transport.ssh.target import resolve_target
 
 REPO = Path(__file__).resolve().parents[1]
 SSH = shutil.which("ssh")
@@ -36,7 +36,7 @@ READERS = {"ssh on PATH": "", "ssh -G always": "openssh", "clusterrun's reader":
 RESOLVE = """
 import json, sys
 from clusterrun.inventory.models import SshSettings
-from clusterrun.transport.ssh_target import resolve_target
+from clusterrun.transport.ssh.target import resolve_target
 out = {}
 for host in sys.argv[1:]:
     t = resolve_target(host, SshSettings())

@@ -30,7 +30,7 @@ from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
 from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
-from clusterrun.plan import JobSpec, LaunchPlan, build_plan
+from clusterrun.planning.plan import JobSpec, LaunchPlan, build_plan
 from clusterrun.runs import RunDir, RunState
 
 NPROC = 2

@@ -18,7 +18,7 @@ import pytest
 from clusterrun import remote
 from clusterrun.agents import spec as specs
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.plan import EnvVar, NodePlan
+from clusterrun.planning.plan import EnvVar, NodePlan
 from clusterrun.remote import protocol, warm
 from clusterrun.remote.protocol import frames
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from clusterrun import remote
 from clusterrun.errors import CommandTimeout, ConnectError
-from clusterrun.planfile import NodePlan
+from clusterrun.planning.planfile import NodePlan
 from clusterrun.remote import protocol, session
 from clusterrun.remote.containers import PULLING
 from clusterrun.remote.protocol import Frame, FrameDecoder, frames

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clusterrun import remote
-from clusterrun.planfile import CPU_BIND_VAR, NodePlan
+from clusterrun.planning.planfile import CPU_BIND_VAR, NodePlan
 from clusterrun.remote import protocol
 from clusterrun.remote.warm import MODULE as TORCHRUN
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from clusterrun.agents.link import run_mode
 from clusterrun.agents.spec import Spec, container_spec, ps_spec, sweep_spec
 from clusterrun.errors import ClusterrunError
-from clusterrun.planfile import NodePlan
+from clusterrun.planning.planfile import NodePlan
 from clusterrun.remote import protocol
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import FanOut, fan_out

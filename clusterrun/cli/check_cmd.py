@@ -23,7 +23,7 @@ def check(inventories: tuple[Path, ...]) -> int:
     """
     from clusterrun.errors import ClusterrunError
     from clusterrun.inventory.yaml_source import load_inventory
-    from clusterrun.network import resolve_data_network
+    from clusterrun.planning.network import resolve_data_network
 
     failed = 0
     for path in inventories:

@@ -35,7 +35,7 @@ def init(output: Path | None, force: bool, **sources: Any) -> int:
     from clusterrun.inventory.yaml_source import parse_inventory_text
     from clusterrun.launch.replan import gather
     from clusterrun.ops.init import complete, found_gpus, render
-    from clusterrun.plan import JobSpec, build_plan
+    from clusterrun.planning.plan import JobSpec, build_plan
     from clusterrun.transport.factory import open_node_transports
 
     click.echo(f"clusterrun: probing {len(inv.nodes)} node(s)...", err=True)

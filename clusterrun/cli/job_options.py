@@ -117,7 +117,7 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
     from clusterrun.errors import UsageError
     from clusterrun.inventory.hostspec import parse_env_assignments
     from clusterrun.inventory.models import Transport
-    from clusterrun.plan import JobSpec, build_plan
+    from clusterrun.planning.plan import JobSpec, build_plan
     from clusterrun.runs import new_run_id
 
     inv = load_nodes(inventory, nproc_per_node=nproc_per_node, **(sources or {}))

@@ -11,7 +11,7 @@ from clusterrun.transport.base import shell_command
 
 if TYPE_CHECKING:
     from clusterrun.launch.outcome import RunOutcome
-    from clusterrun.plan import LaunchPlan
+    from clusterrun.planning.plan import LaunchPlan
     from clusterrun.runs import RunDir
 
 

@@ -47,7 +47,7 @@ from clusterrun.launch.phase import STOP_SIGNAL
 from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier, pending
-from clusterrun.planfile import LaunchPlan
+from clusterrun.planning.planfile import LaunchPlan
 from clusterrun.remote import protocol
 from clusterrun.runs.dirs import RunDir, atomic_write
 from clusterrun.runs.record import RunRecord, RunState, tag_events, write_record

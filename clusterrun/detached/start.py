@@ -29,7 +29,7 @@ from clusterrun.agents.link import AgentLink
 from clusterrun.detached.host import CONNECT_TIMEOUT, GOING, LISTENING, RECORD_DIR, marker_node
 from clusterrun.errors import ClusterrunError, StartError
 from clusterrun.launch.settings import RestartSettings, SupervisorSettings
-from clusterrun.plan import LaunchPlan
+from clusterrun.planning.plan import LaunchPlan
 from clusterrun.remote import bundle, protocol, relay
 from clusterrun.remote.procs import NODE_VAR, RUN_ID_VAR
 from clusterrun.transport.base import Transport

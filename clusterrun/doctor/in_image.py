@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from clusterrun.container import RUNTIME_SETTINGS, build_container
+from clusterrun.planning.container import RUNTIME_SETTINGS, build_container
 from clusterrun.inventory.models import Inventory, Node
 
 

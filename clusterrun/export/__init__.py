@@ -1,6 +1,6 @@
 """The launch plan written for another engine: a Slurm batch script, a Kubeflow PyTorchJob or TrainJob.
 
-Pure, like the plan: a :class:`clusterrun.plan.LaunchPlan` (and its inventory) in, text out; nothing is
+Pure, like the plan: a :class:`clusterrun.planning.plan.LaunchPlan` (and its inventory) in, text out; nothing is
 contacted. What the engine decides itself (which nodes, each node's rank, the master's address, the GPUs)
 is taken from it at run time; what clusterrun derived and the engine can carry (processes per node, the
 NCCL/Gloo environment, the script and its arguments) is written down; what it cannot carry is listed in

@@ -9,7 +9,7 @@ user believe it does.
 from __future__ import annotations
 
 from clusterrun.inventory.models import Inventory
-from clusterrun.plan import LaunchPlan
+from clusterrun.planning.plan import LaunchPlan
 
 
 def runtime_only(plan: LaunchPlan, inv: Inventory) -> tuple[str, ...]:

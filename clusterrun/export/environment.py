@@ -10,7 +10,7 @@ Left out with the reason: clusterrun's own bookkeeping (the run id, the restart 
 `up`) and the ``CUDA_VISIBLE_DEVICES`` clusterrun derives from the inventory's GPU list (the scheduler gives each
 node its GPUs and sets it).
 
-What the other host-derived rules of :mod:`clusterrun.nccl` set (the socket interface, the HCAs, ``NCCL_IB_DISABLE``,
+What the other host-derived rules of :mod:`clusterrun.planning.nccl` set (the socket interface, the HCAs, ``NCCL_IB_DISABLE``,
 the GID index) is true on the inventory's hosts: a batch script runs there and keeps it; a job that runs elsewhere
 (``hosts=False``: Kubernetes pods, whose network and HCAs are others) gets it apart, as :attr:`JobEnv.from_hosts`.
 A value the user set (``env:`` of the inventory, ``--env``) is the user's, whatever its name.
@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clusterrun import redact
-from clusterrun.nccl import RULES
-from clusterrun.plan import EnvVar, LaunchPlan
+from clusterrun.planning.nccl import RULES
+from clusterrun.planning.plan import EnvVar, LaunchPlan
 
-#: Where :mod:`clusterrun.plan` marks a variable as clusterrun's own (the run id, the restart count).
+#: Where :mod:`clusterrun.planning.plan` marks a variable as clusterrun's own (the run id, the restart count).
 _CLUSTERRUN_SOURCE = "clusterrun"
 #: The rule that turns the inventory's GPU list into CUDA_VISIBLE_DEVICES.
 _GPU_RULE_SOURCE = "rule:cuda-visible-devices"

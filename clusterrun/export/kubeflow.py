@@ -26,7 +26,7 @@ from clusterrun.export.comments import bullets, one_line, paragraph
 from clusterrun.export.environment import JobEnv, job_env
 from clusterrun.export.naming import check_name, check_namespace, default_name
 from clusterrun.inventory.models import Inventory
-from clusterrun.plan import LaunchPlan
+from clusterrun.planning.plan import LaunchPlan
 
 GPU_RESOURCE = "nvidia.com/gpu"
 #: Variables that name a node's own devices: meaningless in a pod the scheduler places anywhere.

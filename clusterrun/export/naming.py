@@ -12,7 +12,7 @@ import posixpath
 import re
 
 from clusterrun.errors import UsageError
-from clusterrun.plan import LaunchPlan
+from clusterrun.planning.plan import LaunchPlan
 
 #: An RFC 1035 label: what Services and TrainJob names must be.
 _LABEL_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")

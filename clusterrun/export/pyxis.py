@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from clusterrun.plan import LaunchPlan
+from clusterrun.planning.plan import LaunchPlan
 
 
 def enroot_image(image: str) -> str:

@@ -22,8 +22,8 @@ from clusterrun.export.comments import bullets, one_line, paragraph
 from clusterrun.export.environment import JobEnv, job_env
 from clusterrun.export.pyxis import pyxis_flags
 from clusterrun.inventory.models import Inventory, Transport
-from clusterrun.network import LOOPBACK
-from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.planning.network import LOOPBACK
+from clusterrun.planning.plan import LaunchPlan, NodePlan
 
 # Slurm's time limits: MIN, MIN:SEC, H:MIN:SEC, D-H, D-H:MIN, D-H:MIN:SEC, or none.
 _TIME_RE = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)

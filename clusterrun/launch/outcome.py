@@ -16,7 +16,7 @@ from typing import Any
 
 from clusterrun.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT
 from clusterrun.notify import Notifier
-from clusterrun.planfile import LaunchPlan
+from clusterrun.planning.planfile import LaunchPlan
 from clusterrun.runs.judge import Failure, RankEnd, RankState, signal_name
 from clusterrun.runs.record import AttemptRecord, NodeRecord, RankRecord, RunRecord, RunState
 from clusterrun.runs.timeline import PhaseSpan

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from clusterrun.agents.link import AgentLink
 from clusterrun.errors import ClusterrunError
 from clusterrun.launch.watch import Link, at_fault
-from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.planning.plan import LaunchPlan, NodePlan
 from clusterrun.remote import session
 
 CONNECT_TIMEOUT = 3.0

@@ -25,7 +25,7 @@ from clusterrun.agents.spec import check_spec
 from clusterrun.errors import ClusterrunError, NodeNotReady, NoTorch, PythonNotFound, StartError
 from clusterrun.facts.node import ProbedNode
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.planning.plan import LaunchPlan, NodePlan
 from clusterrun.remote import protocol, session
 from clusterrun.runs.timeline import Timeline
 from clusterrun.transport.base import Transport

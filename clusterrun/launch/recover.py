@@ -25,7 +25,7 @@ from clusterrun.errors import ClusterrunError
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import RankState, RunOutcome
 from clusterrun.launch.relay import LogRelay
-from clusterrun.plan import LaunchPlan, NodePlan
+from clusterrun.planning.plan import LaunchPlan, NodePlan
 from clusterrun.runs import RunDir
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import fan_out

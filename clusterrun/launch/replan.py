@@ -10,14 +10,15 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from clusterrun import gpuchoice, remote
+from clusterrun import remote
+from clusterrun.planning import gpuchoice
 from clusterrun.errors import ClusterrunError, GpusLeased, PlanError, StartError
 from clusterrun.facts.gpus import NodeGpus, span
 from clusterrun.facts.leases import WAIT_HINT, held_gpus, spare_leased_gpus
 from clusterrun.facts.nics import reconcile
 from clusterrun.facts.node import LINE, ProbedNode, complete_gpus, read_facts
 from clusterrun.inventory.models import Inventory
-from clusterrun.plan import CPU_BIND_VAR, EnvVar, JobSpec, LaunchPlan, NodePlan, build_plan
+from clusterrun.planning.plan import CPU_BIND_VAR, EnvVar, JobSpec, LaunchPlan, NodePlan, build_plan
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import on_every_node
 
@@ -123,7 +124,7 @@ def _readable(ready: Mapping[str, ProbedNode], planned: set[str]) -> dict[str, N
 
 def choose_gpus(inv: Inventory, plan: LaunchPlan, ready: Mapping[str, ProbedNode],
                 held: Held) -> tuple[Inventory, list[str], list[str], dict[str, tuple[EnvVar, ...]]]:
-    """Each node's GPUs from what it reported (:func:`clusterrun.gpuchoice.choose`): the inventory with them, a line
+    """Each node's GPUs from what it reported (:func:`clusterrun.planning.gpuchoice.choose`): the inventory with them, a line
     per node saying which and why, warnings, and the variables they give each node (CUDA_DEVICE_ORDER, the CPU
     binding, the node's own CUDA_VISIBLE_DEVICES where it names GPUs that cannot be numbered). A node whose GPUs
     nvidia-smi could not list is chosen for within its own CUDA_VISIBLE_DEVICES where that is set, else left as it

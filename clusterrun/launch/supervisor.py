@@ -31,7 +31,7 @@ from clusterrun.launch.relay import LogRelay
 from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathWatchState, StragglerWatch, Verdict
 from clusterrun.notify import Notifier
-from clusterrun.planfile import LaunchPlan, NodePlan
+from clusterrun.planning.planfile import LaunchPlan, NodePlan
 from clusterrun.remote import protocol
 from clusterrun.remote.protocol import Frame
 from clusterrun.runs import RunDir

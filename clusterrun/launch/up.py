@@ -33,7 +33,7 @@ from clusterrun.launch.replan import CannotContinue, GpuWait, plan_with_facts, r
 from clusterrun.launch.settings import RestartSettings, SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier
-from clusterrun.plan import LaunchPlan, build_plan
+from clusterrun.planning.plan import LaunchPlan, build_plan
 from clusterrun.runs import NodeRecord, RunDir, RunRecord, RunState, new_run_id, read_record, write_record
 from clusterrun.runs.record import AttemptRecord, tag_events
 from clusterrun.runs.timeline import Timeline, slow_phases

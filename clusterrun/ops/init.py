@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from clusterrun.facts.nics import reconcile
 from clusterrun.facts.node import ProbedNode, read_facts
 from clusterrun.inventory.models import Inventory, Nic
-from clusterrun.network import resolve_data_network
+from clusterrun.planning.network import resolve_data_network
 
 
 @dataclass(frozen=True)

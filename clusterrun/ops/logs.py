@@ -10,7 +10,7 @@ from typing import Any
 from clusterrun.agents.collect import collect
 from clusterrun.errors import ClusterrunError
 from clusterrun.ops.down import run_inventory
-from clusterrun.plan import NodePlan
+from clusterrun.planning.plan import NodePlan
 from clusterrun.runs import NodeRecord, RunDir, RunState, read_record, write_record
 from clusterrun.runs.judge import first_failure, judge_node, unreported_node
 from clusterrun.transport.factory import transport_for

@@ -27,7 +27,7 @@ SUPERVISOR_MODULES = (
     "clusterrun.detached.links",
     "clusterrun.remote.relay",
     "clusterrun.agents.link", "clusterrun.agents.spec",
-    "clusterrun.errors", "clusterrun.redact", "clusterrun.waits", "clusterrun.notify", "clusterrun.planfile",
+    "clusterrun.errors", "clusterrun.redact", "clusterrun.waits", "clusterrun.notify", "clusterrun.planning.planfile",
     "clusterrun.facts.flight", "clusterrun.facts.stacks", "clusterrun.facts.torchrun_noise",
     "clusterrun.facts.parsers.nvidia_smi",
     "clusterrun.inventory.hostlist", "clusterrun.inventory.hostspec", "clusterrun.inventory.kinds",

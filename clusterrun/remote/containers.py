@@ -1,6 +1,6 @@
 """The container runtime as the node agent calls it: the run's command, the ready check's questions, removal by label.
 
-The spec's ``container`` (``protocol.CONTAINER``) is the plan's container command in parts (clusterrun/container.py
+The spec's ``container`` (``protocol.CONTAINER``) is the plan's container command in parts (clusterrun/planning/container.py
 builds it): ``head``, then ``--env NAME`` per variable (values come from the client's own environment, never an
 argv), then the user's ``options``, the ``image`` and torchrun's argv. Every call of the runtime here is bounded:
 a runtime that hangs (a stuck daemon, a dead registry) costs at most its timeout, and says so.

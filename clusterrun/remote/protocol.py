@@ -260,7 +260,7 @@ STACKS_SPEC = Spec("stacks", {
     "hook": ((str,), REQUIRED),  # the text of stackhook.py, written into the run directory
     "flight": ((bool,), False),  # torch's flight recorder on in the workers (the hang watch)
 })
-CONTAINER = Spec("container", {  # the plan's container command in parts (clusterrun/container.py)
+CONTAINER = Spec("container", {  # the plan's container command in parts (clusterrun/planning/container.py)
     "runtime": ((str,), REQUIRED),  # docker, podman or apptainer
     "image": ((str,), REQUIRED),
     "head": ((list,), REQUIRED),  # the runtime's run command up to the --env flags

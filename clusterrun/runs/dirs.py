@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from clusterrun.planfile import LaunchPlan
+    from clusterrun.planning.planfile import LaunchPlan
 
 DEFAULT_RUNS_DIR = "runs"
 
@@ -102,7 +102,7 @@ class RunDir:
                      smaller=lambda: json.dumps(data, separators=(",", ":")) + "\n")
 
     def read_plan(self) -> LaunchPlan:
-        from clusterrun.planfile import LaunchPlan
+        from clusterrun.planning.planfile import LaunchPlan
 
         return LaunchPlan.from_dict(self.read_json("plan.json"))
 

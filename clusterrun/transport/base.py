@@ -1,7 +1,7 @@
 """The transport protocol: run a command on a node, or start one and talk to it.
 
 Implementations: :mod:`clusterrun.transport.local` (subprocess, for nodes with
-``transport: local``) and :mod:`clusterrun.transport.ssh` (one SSH connection per
+``transport: local``) and :mod:`clusterrun.transport.ssh.transport` (one SSH connection per
 node, reused for every command). Library errors are turned into
 :class:`clusterrun.errors.TransportError` subclasses at this edge.
 """

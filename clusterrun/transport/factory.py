@@ -6,7 +6,7 @@ from typing import Any
 
 from clusterrun.inventory.models import Inventory, Node
 from clusterrun.inventory.models import Transport as TransportKind
-from clusterrun.plan import LaunchPlan
+from clusterrun.planning.plan import LaunchPlan
 from clusterrun.transport.base import Transport
 from clusterrun.transport.local import LocalTransport
 
@@ -20,7 +20,7 @@ def transport_for(inv: Inventory, node: Node, **ssh_options: Any) -> Transport:
         from clusterrun.transport.srun import SrunTransport
 
         return SrunTransport(node.name, node.host)
-    from clusterrun.transport.ssh import SshTransport
+    from clusterrun.transport.ssh.transport import SshTransport
 
     return SshTransport(node.name, node.host, inv.ssh_of(node), **ssh_options)
 

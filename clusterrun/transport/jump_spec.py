@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clusterrun.errors import UsageError
-from clusterrun.transport.ssh_words import Origin, parse_port
+from clusterrun.transport.ssh.words import Origin, parse_port
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ from typing import Any
 
 from clusterrun.errors import HostKeyError
 from clusterrun.inventory.models import HostKeyPolicy
-from clusterrun.transport.paramiko_lib import paramiko
-from clusterrun.transport.ssh_target import SshTarget
-from clusterrun.transport.ssh_words import expand_home, matches_pattern_list, warn_once
+from clusterrun.transport.ssh.paramiko_lib import paramiko
+from clusterrun.transport.ssh.target import SshTarget
+from clusterrun.transport.ssh.words import expand_home, matches_pattern_list, warn_once
 
 log = logging.getLogger(__name__)
 _write_lock = threading.Lock()

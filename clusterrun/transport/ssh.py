@@ -1,9 +1,9 @@
 """The SSH transport: one paramiko connection per node, opened on first use and reused for every command.
 
 Where the connection goes (ssh_config, ProxyJump hops, a ProxyCommand) is decided by
-:mod:`clusterrun.transport.ssh_target`; the key the node shows is judged by
-:mod:`clusterrun.transport.known_hosts`; a ProxyCommand runs in :mod:`clusterrun.transport.ssh_proxy`, and
-a started command's output is read by :mod:`clusterrun.transport.ssh_stream`. Commands run through the login
+:mod:`clusterrun.transport.ssh.target`; the key the node shows is judged by
+:mod:`clusterrun.transport.ssh.known_hosts`; a ProxyCommand runs in :mod:`clusterrun.transport.ssh.proxy`, and
+a started command's output is read by :mod:`clusterrun.transport.ssh.stream`. Commands run through the login
 shell as one command line (``cd DIR && env K=V argv...``), so nothing depends on sshd's ``AcceptEnv``.
 
 paramiko rather than OpenSSH's client with ControlMaster: measured by bench/ssh_transport.py (docs/ssh.md),
@@ -34,13 +34,13 @@ from typing import Any
 from clusterrun.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError, UsageError
 from clusterrun.inventory.models import SshSettings
 from clusterrun.transport.base import DEFAULT_COMMAND_TIMEOUT, CommandResult, Stream, Transport, shell_command
-from clusterrun.transport.known_hosts import HostKeyCheck, KnownHosts, prefer_key_types
-from clusterrun.transport.paramiko_lib import paramiko
-from clusterrun.transport.ssh_config import other_home_note
-from clusterrun.transport.ssh_proxy import ProxyCommand
-from clusterrun.transport.ssh_stream import SshStream
-from clusterrun.transport.ssh_target import SshTarget, resolve_target
-from clusterrun.transport.ssh_words import ssh_home
+from clusterrun.transport.ssh.known_hosts import HostKeyCheck, KnownHosts, prefer_key_types
+from clusterrun.transport.ssh.paramiko_lib import paramiko
+from clusterrun.transport.ssh.config import other_home_note
+from clusterrun.transport.ssh.proxy import ProxyCommand
+from clusterrun.transport.ssh.stream import SshStream
+from clusterrun.transport.ssh.target import SshTarget, resolve_target
+from clusterrun.transport.ssh.words import ssh_home
 
 _KEEPALIVE_S = 5
 _READ_TICK_S = 1.0

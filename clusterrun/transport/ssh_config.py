@@ -1,7 +1,7 @@
 """ssh_config, read as OpenSSH reads it: the values that apply to one host, each with the file and line it came from.
 
 This is clusterrun's own reader: the one used where the ``ssh`` binary is absent, and for plain files once
-OpenSSH has checked them; elsewhere OpenSSH's ``ssh -G`` answers (:mod:`clusterrun.transport.ssh_resolve` says
+OpenSSH has checked them; elsewhere OpenSSH's ``ssh -G`` answers (:mod:`clusterrun.transport.ssh.resolve` says
 which when).
 
 ``~/.ssh/config`` (or the inventory's ``config_file``, which, like ``ssh -F``, replaces both files) is read
@@ -14,7 +14,7 @@ OpenSSH refuses it. A keyword OpenSSH does not know is an error with its file an
 ``IgnoreUnknown`` names it (OpenSSH stops there too: skipping it would connect where ``ssh`` would not). The
 criteria of newer OpenSSH releases (``localnetwork``, ``tagged``) make their block not apply, with a warning
 naming the file and line. What the values mean for a connection is
-:mod:`clusterrun.transport.ssh_target`'s business.
+:mod:`clusterrun.transport.ssh.target`'s business.
 
 Why not ``paramiko.SSHConfig``: it skips unknown keywords, does not follow ``Include``, evaluates ``Match exec``
 with no bound, knows no origins (every error here names the file and line), and applies ``Host`` blocks after
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterrun.errors import UsageError
-from clusterrun.transport.ssh_keywords import KEYWORDS
-from clusterrun.transport.ssh_words import (
+from clusterrun.transport.ssh.keywords import KEYWORDS
+from clusterrun.transport.ssh.words import (
     Origin,
     expand_home,
     expand_tokens,

@@ -9,14 +9,14 @@ Which reader is used, and why (docs/ssh.md has the table and the measurements):
   ``%p`` see them); a jump host decided outside ssh_config is ``-o ProxyJump=none``, as ``ssh -J`` is. A file
   OpenSSH refuses stops clusterrun with OpenSSH's own words, its ``file line N`` turned into ``file:N``.
 - **Plain files, checked by OpenSSH and read by clusterrun's reader**: where every file is in the subset
-  :meth:`Scan.plain <clusterrun.transport.ssh_scan.Scan.plain>` describes (``Host`` blocks, no ``Match``, no
+  :meth:`Scan.plain <clusterrun.transport.ssh.scan.Scan.plain>` describes (``Host`` blocks, no ``Match``, no
   tokens where ``ssh -G`` expands them, ...), the answers are the same (tests/test_ssh_resolve.py compares
   them), so OpenSSH reads each file once (``ssh -G -F FILE``: it checks every line of every block) and
   clusterrun's reader answers per node. One ``ssh -G`` costs ~7 ms of CPU, half a paramiko connection: per
   node it would add half again to a launch's CPU per added node.
 - **Nothing** where no file could set a keyword clusterrun uses (no ``~/.ssh/config``, a system file with only
   ``SendEnv`` and the like): both readers would answer "nothing set"; no process is started.
-- **clusterrun's reader** (:mod:`clusterrun.transport.ssh_config`, as strict as OpenSSH 9.2) where ``ssh`` is
+- **clusterrun's reader** (:mod:`clusterrun.transport.ssh.config`, as strict as OpenSSH 9.2) where ``ssh`` is
   absent (a container image with Python but no OpenSSH client).
 - ``CLUSTERRUN_SSH_CONFIG_READER=openssh`` runs ``ssh -G`` per target always; ``=builtin`` uses clusterrun's
   reader alone (tests run each case both ways).
@@ -28,14 +28,14 @@ defaults, run once per process): a value that differs was set by the config; ``h
 ``port`` are compared with the target itself. A value set to exactly OpenSSH's default reads as unset, which
 changes nothing clusterrun does except for ``StrictHostKeyChecking ask``: clusterrun has no one to ask and
 keeps accept-new, as its reader does. ``ssh -G`` prints no origins; the file and line of a value (for
-messages) are found by :mod:`clusterrun.transport.ssh_scan`, else the value is said to come from ``ssh -G``.
+messages) are found by :mod:`clusterrun.transport.ssh.scan`, else the value is said to come from ``ssh -G``.
 
 Bounds: at most :data:`MAX_PROCESSES` ``ssh -G`` at a time, each killed with what it started (a ``Match exec``
 command) after :data:`SSH_G_TIMEOUT`; one process per key however many nodes ask at once; answers kept for
 :data:`REUSE_S` per version of the files, so the jump host every node shares is asked once. Resolution runs in
 each node's connecting thread, overlapped with the other nodes' handshakes.
 
-Why not ``paramiko.SSHConfig``: see :mod:`clusterrun.transport.ssh_config`.
+Why not ``paramiko.SSHConfig``: see :mod:`clusterrun.transport.ssh.config`.
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from clusterrun.errors import UsageError
-from clusterrun.transport.jump_spec import parse_jump_spec
-from clusterrun.transport.ssh_config import MATCH_EXEC_TIMEOUT, HostConfig, Proxy, lookup_config
-from clusterrun.transport.ssh_keywords import KEYWORDS
-from clusterrun.transport.ssh_scan import Scan, scan
-from clusterrun.transport.ssh_words import Origin
+from clusterrun.transport.ssh.jump_spec import parse_jump_spec
+from clusterrun.transport.ssh.config import MATCH_EXEC_TIMEOUT, HostConfig, Proxy, lookup_config
+from clusterrun.transport.ssh.keywords import KEYWORDS
+from clusterrun.transport.ssh.scan import Scan, scan
+from clusterrun.transport.ssh.words import Origin
 
 READER_ENV = "CLUSTERRUN_SSH_CONFIG_READER"
 MAX_PROCESSES = 8  # ssh -G at once: each is ~6 ms of CPU, more at once only queues on the cores

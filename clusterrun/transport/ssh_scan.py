@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterrun.errors import UsageError
-from clusterrun.transport.ssh_config import config_lines
-from clusterrun.transport.ssh_keywords import KEYWORDS
-from clusterrun.transport.ssh_words import Origin, expand_home, split_words, ssh_home
+from clusterrun.transport.ssh.config import config_lines
+from clusterrun.transport.ssh.keywords import KEYWORDS
+from clusterrun.transport.ssh.words import Origin, expand_home, split_words, ssh_home
 
 _MAX_DEPTH = 16
 #: Values ``ssh -G`` prints as written, tokens and all, which clusterrun then expands as it does for its reader.

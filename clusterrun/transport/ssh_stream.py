@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 from clusterrun.transport.base import Stream
-from clusterrun.transport.paramiko_lib import paramiko
+from clusterrun.transport.ssh.paramiko_lib import paramiko
 
 _STDERR_KEEP = 64 * 1024
 _RECV_CHUNK = 1 << 18

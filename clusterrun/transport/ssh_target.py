@@ -1,8 +1,8 @@
 """Where an SSH connection goes: the inventory's settings over ssh_config over OpenSSH's defaults.
 
-ssh_config is read by OpenSSH's ``ssh -G`` (:mod:`clusterrun.transport.ssh_resolve`), or where ``ssh`` is
-absent by :mod:`clusterrun.transport.ssh_config`; ProxyJump values by
-:mod:`clusterrun.transport.jump_spec`; this module turns what they found into a :class:`SshTarget`.
+ssh_config is read by OpenSSH's ``ssh -G`` (:mod:`clusterrun.transport.ssh.resolve`), or where ``ssh`` is
+absent by :mod:`clusterrun.transport.ssh.config`; ProxyJump values by
+:mod:`clusterrun.transport.ssh.jump_spec`; this module turns what they found into a :class:`SshTarget`.
 The inventory's ``user``, ``port`` and ``jump_host`` act like ``ssh``'s command line: they win, and ``%r``
 and ``%p`` in ``ProxyCommand`` or ``ProxyJump`` expand to them.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
-from clusterrun.transport.jump_spec import parse_jump_spec
-from clusterrun.transport.ssh_config import HostConfig, config_files
-from clusterrun.transport.ssh_resolve import host_config
-from clusterrun.transport.ssh_words import expand_path, expand_tokens, local_user, parse_port, session_tokens
+from clusterrun.transport.ssh.jump_spec import parse_jump_spec
+from clusterrun.transport.ssh.config import HostConfig, config_files
+from clusterrun.transport.ssh.resolve import host_config
+from clusterrun.transport.ssh.words import expand_path, expand_tokens, local_user, parse_port, session_tokens
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")

@@ -17,7 +17,7 @@ from clusterrun.doctor.registry import Context, check
 from clusterrun.errors import ClusterrunError, StartError
 
 if TYPE_CHECKING:
-    from clusterrun.plan import LaunchPlan
+    from clusterrun.planning.plan import LaunchPlan
 
 SMOKE = remote.path("allreduce_smoke")
 MARK = "CLUSTERRUN-ALLREDUCE "
@@ -43,7 +43,7 @@ def allreduce(ctx: Context) -> Iterator[Finding]:
     from clusterrun.launch.console import Console
     from clusterrun.launch.settings import SupervisorSettings
     from clusterrun.launch.up import execute
-    from clusterrun.plan import JobSpec, build_plan
+    from clusterrun.planning.plan import JobSpec, build_plan
 
     down = [n.name for n in ctx.inventory.nodes if n.name not in {r.name for r in ctx.reachable()}]
     if down:

@@ -19,7 +19,7 @@ from clusterrun.facts.parsers.nvidia_smi import Gpu, GpuProcess
 from clusterrun.facts.parsers.topo import LinkKind
 from clusterrun.inventory.hostlist import compress_numbers
 from clusterrun.inventory.models import Node
-from clusterrun.network import resolve_data_network
+from clusterrun.planning.network import resolve_data_network
 
 ECC_FIELD = "ecc.errors.uncorrected.volatile.total"
 NEEDS = "nodes with GPUs listed in the inventory"

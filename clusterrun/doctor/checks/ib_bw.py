@@ -24,7 +24,7 @@ from clusterrun.doctor.schedule import round_robin
 from clusterrun.errors import ClusterrunError, ParseError, PlanError
 from clusterrun.facts.parsers import ib_write_bw
 from clusterrun.inventory.models import Nic, Node
-from clusterrun.network import resolve_data_network
+from clusterrun.planning.network import resolve_data_network
 from clusterrun.transport.reader import LineReader
 
 PASS_RATIO = 0.8

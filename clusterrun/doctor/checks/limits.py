@@ -156,8 +156,8 @@ def check_shm(ctx: Context) -> Iterator[Finding]:
 
 def clusterrun_sets(inventory: Inventory, node: Node) -> set[str]:
     """Variables clusterrun puts in this node's job environment itself (its rules and the inventory ``env``)."""
-    from clusterrun.nccl import RuleContext, rule_env
-    from clusterrun.network import resolve_data_network
+    from clusterrun.planning.nccl import RuleContext, rule_env
+    from clusterrun.planning.network import resolve_data_network
 
     names = set(inventory.defaults.env) | set(node.env)
     try:

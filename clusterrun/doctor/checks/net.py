@@ -30,7 +30,7 @@ from clusterrun.doctor.registry import Context, check
 from clusterrun.doctor.schedule import round_robin
 from clusterrun.errors import ClusterrunError, ParseError, PlanError
 from clusterrun.facts.parsers import iperf3
-from clusterrun.network import resolve_data_network
+from clusterrun.planning.network import resolve_data_network
 from clusterrun.transport.base import Stream
 from clusterrun.transport.reader import LineReader
 

@@ -21,7 +21,7 @@ from clusterrun.doctor.contradictions import contradictions
 from clusterrun.doctor.probe import path_prefix
 from clusterrun.doctor.registry import Context
 from clusterrun.errors import PlanError
-from clusterrun.network import resolve_data_network
+from clusterrun.planning.network import resolve_data_network
 
 T = TypeVar("T")
 
