@@ -4,6 +4,9 @@ on a cluster of its own (tests/slurmbed.py).
 Tests that use ``sim_cluster`` or ``slurm_bed`` are marked ``@pytest.mark.cluster``. The cluster needs root,
 iproute2, iptables and openssh, the bed also slurm-wlm and munge (``.ci/install-cluster-deps``); without them
 their tests are skipped, or fail when the ``CI`` environment variable is set, so CI never passes by skipping them.
+
+Timing bounds scale with the machine's load (tests/loadscale.py): each test holds one load factor, sampled
+before it starts.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import loadscale
 import pytest
 from simcluster import SimCluster, missing_requirements
 from slurmbed import SlurmBed, slurm_missing
@@ -70,6 +74,12 @@ def slurm_bed(cluster_requirements: None) -> Iterator[SlurmBed]:
             yield bed
     finally:
         cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _load_factor() -> None:
+    """Each test's timing bounds scale by one factor: the machine's load as the test starts."""
+    loadscale.hold()
 
 
 @pytest.fixture(autouse=True)

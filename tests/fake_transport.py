@@ -13,7 +13,8 @@ The stream ends when the script says so: :meth:`FakeAgent.exit` (the final ``exi
 stream too, and :meth:`FakeTransport.check` re-raises the error in the test.
 
 Every wait is bounded: the agent's waits take a timeout, and a stream that nobody ends within ``lifetime``
-seconds raises in :meth:`FakeStream.chunks` instead of hanging the test.
+seconds (scaled with the machine's load, tests/loadscale.py) raises in :meth:`FakeStream.chunks` instead of
+hanging the test.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from loadscale import scaled
 
 from clusterrun.remote import protocol
 from clusterrun.transport.base import CommandResult, Stream, Transport
@@ -49,7 +52,7 @@ class FakeStream(Stream):
         self._dropped = False  # ... while it was still open
         self._rc: int | None = None
         self._answer_pings = True
-        self._deadline = time.monotonic() + lifetime
+        self._deadline = time.monotonic() + scaled(lifetime)
         self.expects_spec = False  # the command is `agent.py prepare`: the spec comes with `go`
         self.spec_line: str | None = None
 
@@ -175,7 +178,7 @@ class FakeAgent:
         if not self.stream.expects_spec:
             return {}
         with self.stream._cond:
-            self.stream._cond.wait_for(lambda: self.stream.spec_line is not None, 5.0)
+            self.stream._cond.wait_for(lambda: self.stream.spec_line is not None, scaled(5.0))
             line = self.stream.spec_line
         try:
             spec = json.loads(base64.b64decode(line or "", validate=True))

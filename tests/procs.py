@@ -7,6 +7,8 @@ import socket
 import time
 from pathlib import Path
 
+from loadscale import scaled
+
 
 def marked_processes(run_id: str) -> list[tuple[int, str]]:
     """(pid, command line) of every live process whose environment carries ``CLUSTERRUN_RUN_ID=run_id``."""
@@ -28,8 +30,9 @@ def marked_processes(run_id: str) -> list[tuple[int, str]]:
 
 
 def wait_no_processes(run_id: str, timeout: float = 10.0) -> list[tuple[int, str]]:
-    """Poll until no process of the run is left; returns what is still there after ``timeout``."""
-    deadline = time.monotonic() + timeout
+    """Poll until no process of the run is left; returns what is still there after ``timeout`` (scaled with the
+    machine's load, tests/loadscale.py)."""
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         left = marked_processes(run_id)
         if not left or time.monotonic() > deadline:

@@ -66,6 +66,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from loadscale import scaled
+
 __all__ = ["NodeCommandError", "SimCluster", "SimNode", "missing_requirements", "sweep_stale_clusters"]
 
 # tool -> Debian package that provides it (for the error messages)
@@ -627,10 +629,12 @@ class SimCluster:
         return found
 
     def wait_no_processes(self, marker: str, timeout: float) -> dict[str, list[tuple[int, str]]]:
-        """Poll :meth:`job_processes` until nothing carries ``marker`` or ``timeout`` passes.
+        """Poll :meth:`job_processes` until nothing carries ``marker`` or ``timeout`` passes (scaled with the
+        machine's load, tests/loadscale.py: a busy machine reaps more slowly).
 
         Returns what is left at the end (an empty dict when clean).
         """
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         left = self.job_processes(marker)
         for _ in range(int(timeout / 0.05) + 2):

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from loadscale import scaled
 from procs import marked_processes
 from simcluster import SimCluster
 
@@ -115,7 +116,9 @@ def nic_bytes(cluster: SimCluster, node: str, nic: str) -> int:
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str, *, step: float = 0.05) -> None:
-    """Check ``condition`` until it holds; raises AssertionError saying ``what`` was awaited after ``timeout``."""
+    """Check ``condition`` until it holds; raises AssertionError saying ``what`` was awaited after ``timeout``
+    (scaled with the machine's load, tests/loadscale.py)."""
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

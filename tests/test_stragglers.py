@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from clusterrun.launch.watch import StragglerWatch
+from clusterrun.remote.decode import decode
 from clusterrun.runs.stragglers import Straggler, StragglerJudge
 
 T0 = 1.8e9
@@ -158,9 +159,12 @@ def test_the_watch_says_records_and_notifies_each_verdict_once() -> None:
         for node in ("n0", "n1"):
             gpus = {g: {"util": 99 if (node, g) == ("n1", 6) else 10, "power": 250 if (node, g) == ("n1", 6) else 60}
                     for g in (4, 6)}
-            watch.on_event(node, {"ev": "sample", "t": T0 + k, "dt": 1.0, "gpus": gpus})
-            watch.on_event(node, {"ev": "load", "time": T0 + k, "cpu": {"0": 1.0} if node == "n0" else {"2": 1.0}})
-            watch.on_event(node, {"ev": "out", "rank": 0})  # anything else is not the watch's
+            # as the supervisor hands them on: decoded where the frames were read
+            watch.on_event(node, decode({"ev": "sample", "t": T0 + k, "dt": 1.0,
+                                         "gpus": {str(g): r for g, r in gpus.items()}}, node))
+            watch.on_event(node, decode({"ev": "load", "time": T0 + k,
+                                         "cpu": {"0": 1.0} if node == "n0" else {"2": 1.0}}, node))
+            watch.on_event(node, decode({"ev": "launcher", "text": "x"}, node))  # anything else is not the watch's
     assert len(said) == 1 and said[0].startswith("n1 rank 3 looks like a straggler: its GPU 6 kept working at 99%")
     assert [(e["kind"], e["node"], e["rank"], e["gpu"], e["util"], e["util_others"]) for e in events] == [
         ("straggler", "n1", 3, "6", 99.0, 10.0)]

@@ -1,8 +1,11 @@
 """The supervisor's failure policy, on in-memory nodes (tests/fake_transport.py): who is stopped, when, and why.
 
 Each node agent is played by a script speaking the real wire protocol; the supervisor runs unchanged with
-small timings (heartbeats every 50 ms, a node silent for 0.5 s is lost). The tests check the outcome, the
-rank logs in runs/, and what each node's agent received on its stdin.
+small timings (heartbeats every 50 ms, a node silent for 0.5 s is lost, a stopped node that sends nothing for
+0.25 s is given up). Those timeouts, and every span a scenario waits or stretches over, scale with the machine's
+load (tests/loadscale.py: times 1 up to one runnable task per CPU), so a busy machine does not lose a node that
+answered, and a scenario's spans keep their ratios to the timeouts. The tests check the outcome, the rank logs in
+runs/, and what each node's agent received on its stdin.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import pytest
 from fake_transport import FakeAgent, FakeTransport
+from loadscale import scaled
 
 from clusterrun.agents.link import open_link
 from clusterrun.errors import EXIT_TIMEOUT, StartError
@@ -30,8 +34,14 @@ from clusterrun.planning.plan import JobSpec, LaunchPlan, build_plan
 from clusterrun.runs import RunDir, RunState
 
 NPROC = 2
-T = 3.0  # the longest any script waits for clusterrun; only reached when the supervisor misbehaves
+T = 3.0  # the longest any script waits for clusterrun (scaled); only reached when the supervisor misbehaves
 FAST: dict[str, Any] = {"grace": 0.1, "heartbeat_interval": 0.05, "heartbeat_timeout": 0.5, "stop_timeout": 0.25}
+SCALED = ("heartbeat_timeout", "stop_timeout")  # the timeouts that judge a node by how long it took: scaled
+
+
+def fast() -> dict[str, Any]:
+    """The test's supervisor timings: FAST, its timeouts scaled with the machine's load."""
+    return {k: scaled(v) if k in SCALED else v for k, v in FAST.items()}
 
 Script = Callable[[FakeAgent], None]
 
@@ -51,7 +61,7 @@ class Harness:
         self.transports = {name: FakeTransport(name, script) for name, script in scripts.items()}
         self.run_dir = RunDir.create(tmp_path / "runs", self.plan.run_id)
         self.out, self.err = io.StringIO(), io.StringIO()
-        self.settings = SupervisorSettings(**{**FAST, **settings})
+        self.settings = SupervisorSettings(**{**fast(), **settings})
         links = {n.name: open_link(self.transports[n.name], n) for n in self.plan.nodes}
         self.sup = Supervisor(self.plan, links, self.run_dir, Console(self.out, self.err, color=False),
                               self.settings)
@@ -63,7 +73,7 @@ class Harness:
 
     def check_scripts(self) -> None:
         for transport in self.transports.values():
-            transport.check(timeout=T)  # a script's failed assertion fails the test here
+            transport.check(timeout=scaled(T))  # a script's failed assertion fails the test here
 
     def log(self, node: str, rank: int) -> str:
         path = self.run_dir.rank_log(node, rank)
@@ -96,7 +106,7 @@ def runs_until_stopped(agent: FakeAgent) -> None:
     (its agent stops its workers, and it prints no failure summary: the ranks' own codes are unknown)."""
     agent.started()
     agent.out(ranks(agent)[0], "training\n")
-    assert agent.wait_for("term", T), "clusterrun never sent term"
+    assert agent.wait_for("term", scaled(T)), "clusterrun never sent term"
     agent.exit(1, reason="term from clusterrun")
 
 
@@ -106,7 +116,7 @@ def fails_second_rank(agent: FakeAgent) -> None:
     first, second = ranks(agent)
     agent.out(second, "RuntimeError: loss is nan\n", "stderr")
     agent.rank_failed(second, 3)
-    assert agent.wait_for("term", T), "clusterrun never sent term to the failing node"
+    assert agent.wait_for("term", scaled(T)), "clusterrun never sent term to the failing node"
     agent.exit(1, ranks={second: {"rc": 3, "signal": None, "root_cause": True},
                          first: {"rc": 143, "signal": 15, "root_cause": False}})
 
@@ -123,8 +133,8 @@ def fails_second_rank_at_exit(agent: FakeAgent) -> None:
 def ignores_term(agent: FakeAgent) -> None:
     """Gets ``term`` but never confirms: answers pings (its agent lives) and says nothing more."""
     agent.started()
-    assert agent.wait_for("term", T)
-    assert agent.wait_dropped(T), "clusterrun never gave up on the node"
+    assert agent.wait_for("term", scaled(T))
+    assert agent.wait_dropped(scaled(T)), "clusterrun never gave up on the node"
 
 
 def node(i: int) -> str:
@@ -236,7 +246,7 @@ def test_node_that_stops_answering_heartbeats_is_lost_after_the_heartbeat_timeou
     def hangs(agent: FakeAgent) -> None:
         agent.started()
         agent.go_silent()  # the connection stays open; nothing comes back any more
-        assert agent.wait_dropped(T), "clusterrun never dropped the silent node"
+        assert agent.wait_dropped(scaled(T)), "clusterrun never dropped the silent node"
 
     c = Harness(tmp_path, {node(0): runs_until_stopped, node(1): hangs, node(2): runs_until_stopped})
 
@@ -259,8 +269,8 @@ def test_node_that_stops_answering_heartbeats_is_lost_after_the_heartbeat_timeou
 def test_ctrl_c_stops_every_node_and_a_second_one_kills(tmp_path: Path) -> None:
     def waits_for_kill(agent: FakeAgent) -> None:
         agent.started()
-        assert agent.wait_for("term", T)
-        assert agent.wait_for("kill", T)  # this node takes longer than the user wants to wait
+        assert agent.wait_for("term", scaled(T))
+        assert agent.wait_for("kill", scaled(T))  # this node takes longer than the user wants to wait
         agent.exit(137, signal=9, reason="kill from clusterrun")
 
     c = Harness(tmp_path, {node(i): waits_for_kill for i in range(3)})
@@ -268,11 +278,11 @@ def test_ctrl_c_stops_every_node_and_a_second_one_kills(tmp_path: Path) -> None:
     # Not the main thread: the supervisor installs no handlers; the test delivers Ctrl-C as the handler does.
     with ThreadPoolExecutor(max_workers=1) as pool:
         running = pool.submit(c.sup.run)
-        assert all(t.wait_received("ping", T) for t in c.transports.values())  # the loop runs
+        assert all(t.wait_received("ping", scaled(T)) for t in c.transports.values())  # the loop runs
         c.sup._on_signal(signal.SIGINT, None)
-        assert all(t.wait_received("term", T) for t in c.transports.values())
+        assert all(t.wait_received("term", scaled(T)) for t in c.transports.values())
         c.sup._on_signal(signal.SIGINT, None)
-        outcome = running.result(timeout=T)
+        outcome = running.result(timeout=scaled(T))
     c.check_scripts()
 
     assert outcome.interrupted_by == signal.SIGINT
@@ -304,8 +314,9 @@ def test_node_that_never_confirms_its_stop_is_given_up_after_the_stop_timeout(tm
 
     stuck = outcome.nodes[node(2)]
     assert stuck.state is RankState.unknown
-    assert stuck.reason == "did not confirm it stopped within 0.25s"
-    assert [n for n in outcome.notes if n.startswith("node2: did not confirm it stopped within 0.25s")]
+    said = f"did not confirm it stopped within {c.settings.stop_timeout:g}s"  # 0.25s on an idle machine
+    assert stuck.reason == said
+    assert [n for n in outcome.notes if n.startswith(f"node2: {said}")]
     assert c.transports[node(2)].agents[0].dropped
     assert outcome.ended is not None and outcome.ended - outcome.started >= c.settings.stop_timeout
     # The first failure stays the cause of the run, not the stuck node.
@@ -326,11 +337,11 @@ def drains_slowly(agent: FakeAgent, stop_timeouts: float = 2.2) -> None:
     """After ``term``, goes on sending its logs for ``stop_timeouts`` stop timeouts (a line per heartbeat), then
     exits."""
     agent.started()
-    assert agent.wait_for("term", T)
-    end = time.monotonic() + stop_timeouts * FAST["stop_timeout"]
+    assert agent.wait_for("term", scaled(T))
+    end = time.monotonic() + stop_timeouts * fast()["stop_timeout"]
     i = 0
     while time.monotonic() < end:
-        assert agent.wait_for("ping", T)
+        assert agent.wait_for("ping", scaled(T))
         agent.out(ranks(agent)[0], f"flushing {i}\n")
         i += 1
     agent.out(ranks(agent)[0], "flushed\n")
@@ -359,7 +370,7 @@ def test_node_given_up_keeps_its_reason_while_another_node_still_drains(tmp_path
 
     outcome = c.run()
 
-    assert outcome.nodes[node(2)].reason == "did not confirm it stopped within 0.25s"
+    assert outcome.nodes[node(2)].reason == f"did not confirm it stopped within {c.settings.stop_timeout:g}s"
 
 
 def test_output_sent_just_before_the_exit_event_is_all_logged(tmp_path: Path) -> None:
@@ -409,14 +420,15 @@ def test_node_whose_agent_is_gone_before_go_starts_nothing(tmp_path: Path) -> No
     """The agents were started by the ready check; one's connection broke before the job's `go`: the run does not
     start, and every other node's agent is dropped."""
     def waits_to_be_dropped(agent: FakeAgent) -> None:
-        assert agent.wait_dropped(T), "clusterrun kept the other node's agent when one could not be told to start"
+        assert agent.wait_dropped(scaled(T)), (
+            "clusterrun kept the other node's agent when one could not be told to start")
 
     def breaks(agent: FakeAgent) -> None:
         agent.stderr("Connection to 10.0.0.2 closed by remote host.")
         agent.close()
 
     c = Harness(tmp_path, {node(0): waits_to_be_dropped, node(1): breaks})
-    assert c.transports[node(1)].agents[0].stream.wait(T) == 255  # its connection is gone before `go`
+    assert c.transports[node(1)].agents[0].stream.wait(scaled(T)) == 255  # its connection is gone before `go`
 
     with pytest.raises(StartError) as raised:
         c.sup.run()
@@ -449,14 +461,14 @@ def test_a_node_whose_frames_wait_behind_a_backlog_is_not_lost(tmp_path: Path) -
 
     def answers_then_finishes(agent: FakeAgent) -> None:
         agent.started()
-        time.sleep(1.5)  # pongs only, meanwhile
+        time.sleep(scaled(1.5))  # pongs only, meanwhile (3 heartbeat timeouts)
         agent.exit(0, ranks={r: {"rc": 0} for r in ranks(agent)})
 
     c = Harness(tmp_path, {node(0): floods, node(1): answers_then_finishes})
     write = c.sup.relay.write
 
-    def slow_write(*args: Any) -> None:  # 60 frames x 40 ms: over twice the 0.5 s heartbeat timeout behind
-        time.sleep(0.04)
+    def slow_write(*args: Any) -> None:  # 60 frames x 40 ms: over twice the 0.5 s heartbeat timeout (both scaled)
+        time.sleep(scaled(0.04))
         write(*args)
 
     c.sup.relay.write = slow_write  # type: ignore[method-assign]

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from loadscale import scaled, until
 
 from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathLoss, PathWatchState
 from clusterrun.remote.answers import Flight, Stack
@@ -83,6 +84,9 @@ def test_a_peer_whose_job_ended_is_not_a_dead_path() -> None:
 
 
 def _watch_pair(dead_after: float) -> tuple[PathWatch, PathWatch, list[tuple[str, bool]]]:
+    """Two path watches on this machine, a watching b; ``dead_after`` scaled with the machine's load, so a busy
+    machine's late answer is not a lost path."""
+    dead_after = scaled(dead_after)
     changes: list[tuple[str, bool]] = []
     a = PathWatch("127.0.0.1", lambda t, lost: changes.append((t.node, lost)), interval=0.05, dead_after=dead_after)
     b = PathWatch("127.0.0.1", lambda t, lost: None, interval=0.05, dead_after=dead_after)
@@ -90,13 +94,8 @@ def _watch_pair(dead_after: float) -> tuple[PathWatch, PathWatch, list[tuple[str
     return a, b, changes
 
 
-def _until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
+def _until(condition: Callable[[], bool]) -> bool:
+    return until(condition, 5.0)  # scaled
 
 
 def test_probes_get_answers_and_silence_is_a_lost_path_then_ok_again() -> None:
@@ -131,10 +130,10 @@ def test_a_node_whose_job_ended_still_answers_until_its_agent_ends() -> None:
     try:
         assert _until(lambda: a.received > 3 and b.received > 3)
         b.answer_only()
-        time.sleep(1.0)  # more than three times dead_after
+        time.sleep(scaled(1.0))  # more than three times dead_after (both scaled)
         assert changes == []  # b still answers a
         a.stop()
-        time.sleep(1.0)
+        time.sleep(scaled(1.0))
         assert b_changes == []  # and no longer judges its own paths: a's silence is not reported
         b.stop()
     finally:
