@@ -8,21 +8,22 @@ from clusterrun.errors import EXIT_TIMEOUT
 from clusterrun.launch.outcome import (
     CannotContinue,
     Failure,
-    NodeOutcome,
     RankState,
-    RunOutcome,
     backoff,
     no_restart,
     recompose,
     signature,
     untrusted_nodes,
 )
+from clusterrun.runs import NodeRecord, RunRecord, RunState
 
 
-def outcome(failure: Failure | None = None, lost: tuple[str, ...] = (), interrupted: int | None = None) -> RunOutcome:
-    nodes = {n: NodeOutcome(n, {}, state=RankState.unknown if n in lost else RankState.stopped)
+def outcome(failure: Failure | None = None, lost: tuple[str, ...] = (), interrupted: int | None = None) -> RunRecord:
+    nodes = {n: NodeRecord(state=RankState.unknown if n in lost else RankState.stopped)
              for n in ("a", "b", "c", "d")}
-    return RunOutcome("r1", nodes, started=0.0, ended=1.0, first_failure=failure, interrupted_by=interrupted)
+    run = RunRecord("r1", RunState.running, nodes=nodes, started=0.0, first_failure=failure, interrupted_by=interrupted)
+    run.end(1.0)
+    return run
 
 
 def test_what_a_restart_cannot_help() -> None:

@@ -8,7 +8,7 @@ from clusterrun.remote.answers import Exit
 from clusterrun.remote.decode import decode
 from clusterrun.runs.judge import (
     Failure,
-    RankEnd,
+    RankRecord,
     RankState,
     first_failure,
     judge_node,
@@ -46,9 +46,9 @@ def test_ranks_of_a_node_clusterrun_was_stopping_are_not_failures() -> None:
 
 
 def test_a_rank_that_failed_while_the_others_ran_stays_failed() -> None:
-    early = {1: RankEnd(1, RankState.failed, 4, None, 1.0, 2.0)}
+    early = {1: RankRecord(1, 1, RankState.failed, 4, None, 1.0, 2.0)}
     end = judge_node("a", [0, 1], report(1, {0: {"rc": None}}), stopping=True, failed_early=early)
-    assert end.ranks[1] == RankEnd(1, RankState.failed, 4, None, 1.0, 2.0)
+    assert end.ranks[1] == RankRecord(1, 1, RankState.failed, 4, None, 1.0, 2.0)
     assert end.failure == Failure("a", 1, 4, None, "")
 
 

@@ -7,21 +7,21 @@ import io
 from pathlib import Path
 
 from clusterrun.cli.render import FOLD_OVER, print_summary, summary_rows
-from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
-from clusterrun.runs import RunDir
+from clusterrun.launch.outcome import Failure, RankState
+from clusterrun.runs import NodeRecord, RankRecord, RunDir, RunRecord, RunState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real" / "torchrun"
 
 
-def outcome(nodes: int, per_node: int, state: RankState = RankState.succeeded) -> RunOutcome:
-    run = RunOutcome("r1", {}, started=0.0)
+def outcome(nodes: int, per_node: int, state: RankState = RankState.succeeded) -> RunRecord:
+    run = RunRecord("r1", RunState.running, started=0.0)
     for n in range(nodes):
         ranks = {}
         for local in range(per_node):
             rank = n * per_node + local
-            ranks[rank] = RankOutcome(rank, local, state, 0 if state is RankState.succeeded else None,
-                                      started=1.0, ended=2.0 + n)
-        run.nodes[f"gpu{n:02d}"] = NodeOutcome(f"gpu{n:02d}", ranks, state)
+            ranks[rank] = RankRecord(rank, local, state, 0 if state is RankState.succeeded else None,
+                                     started=1.0, ended=2.0 + n)
+        run.nodes[f"gpu{n:02d}"] = NodeRecord(state, ranks=ranks)
     return run
 
 
@@ -62,7 +62,8 @@ def failed_summary(tmp_path: Path, launcher: str) -> str:
     run_dir = RunDir.create(tmp_path, "r1")
     run_dir.launcher_log("gpu00").write_text(launcher)
     run = outcome(2, 2, RankState.stopped)
-    run.ended, run.first_failure = 9.0, Failure("gpu00", None, 124, None, "the job ran past its 8s time limit")
+    run.first_failure = Failure("gpu00", None, 124, None, "the job ran past its 8s time limit")
+    run.end(9.0)
     out = io.StringIO()
     print_summary(run, run_dir, file=out)
     return out.getvalue()

@@ -27,11 +27,11 @@ from clusterrun.agents.link import open_link
 from clusterrun.errors import EXIT_TIMEOUT, StartError
 from clusterrun.inventory.yaml_source import parse_inventory_text
 from clusterrun.launch.console import Console
-from clusterrun.launch.outcome import RankState, RunOutcome
+from clusterrun.launch.outcome import RankState
 from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.planning.plan import JobSpec, LaunchPlan, build_plan
-from clusterrun.runs import RunDir, RunState
+from clusterrun.runs import RunDir, RunRecord, RunState
 
 NPROC = 2
 T = 3.0  # the longest any script waits for clusterrun (scaled); only reached when the supervisor misbehaves
@@ -66,7 +66,7 @@ class Harness:
         self.sup = Supervisor(self.plan, links, self.run_dir, Console(self.out, self.err, color=False),
                               self.settings)
 
-    def run(self) -> RunOutcome:
+    def run(self) -> RunRecord:
         outcome = self.sup.run()
         self.check_scripts()
         return outcome

@@ -10,9 +10,8 @@ from clusterrun.inventory.hostlist import compress_hostlist, compress_numbers
 from clusterrun.transport.base import shell_command
 
 if TYPE_CHECKING:
-    from clusterrun.launch.outcome import RunOutcome
     from clusterrun.planning.plan import LaunchPlan
-    from clusterrun.runs import RunDir
+    from clusterrun.runs import RunDir, RunRecord
 
 
 def plan_json(plan: LaunchPlan) -> str:
@@ -94,23 +93,23 @@ def _nodes(names: list[str]) -> str:
     return text if len(unique) == 1 else f"{text} ({len(unique)} nodes)"
 
 
-def summary_rows(outcome: RunOutcome) -> list[tuple[str, str, str, str, str]]:
+def summary_rows(outcome: RunRecord) -> list[tuple[str, str, str, str, str]]:
     """The summary table's rows (node, rank, state, exit, time): one per rank, and a node's reason where its ranks
     do not explain its end. On a run of more than :data:`FOLD_OVER` ranks, ranks that ended alike share a row."""
     rows: list[tuple[str, str, str, str, str]] = []
     groups: dict[tuple[str, str], list[tuple[str, int, float | None]]] = {}
     fold = sum(len(n.ranks) for n in outcome.nodes.values()) > FOLD_OVER
-    for node in outcome.nodes.values():
+    for name, node in outcome.nodes.items():
         for rank in node.ranks.values():
             how = rank.to_dict()["signal"] or ("" if rank.exit_code is None else str(rank.exit_code))
             took = (rank.ended - rank.started) if rank.ended and rank.started else None
             if fold and rank.state.value != "failed":
-                groups.setdefault((rank.state.value, how), []).append((node.name, rank.rank, took))
+                groups.setdefault((rank.state.value, how), []).append((name, rank.rank, took))
             else:
-                rows.append((node.name, str(rank.rank), rank.state.value, how, _span(took)))
+                rows.append((name, str(rank.rank), rank.state.value, how, _span(took)))
         explained = any(r.state.value in ("failed", "stopped") for r in node.ranks.values())
-        if node.reason and node.state.value != "succeeded" and not explained:
-            rows.append((node.name, "-", node.state.value, "", node.reason))
+        if node.reason and node.state is not None and node.state.value != "succeeded" and not explained:
+            rows.append((name, "-", node.state.value, "", node.reason))
     for (state, how), members in groups.items():
         times = [t for _, _, t in members if t is not None]
         span = "?" if not times else _span(min(times)) if min(times) == max(times) else \
@@ -140,7 +139,7 @@ def _launcher_cause(run_dir: RunDir, node: str, tail_lines: int) -> list[str]:
     return [f"{launcher} {where} (what torchrun said{before}):", *("  " + t for t in shown)]
 
 
-def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = None, tail_lines: int = 20) -> None:
+def print_summary(outcome: RunRecord, run_dir: RunDir, file: TextIO | None = None, tail_lines: int = 20) -> None:
     """The one-screen end of a run: per node and rank what happened, then the first failure and its log's tail."""
     from rich.console import Console
     from rich.markup import escape
@@ -149,7 +148,7 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
     from clusterrun.runs import RunState
 
     console = Console(file=file, highlight=False, stderr=file is None)
-    duration = (outcome.ended - outcome.started) if outcome.ended else None
+    duration = outcome.duration
     colour = {"succeeded": "green", "failed": "red", "interrupted": "yellow"}.get(outcome.state.value, "white")
     console.print()
     console.print(f"[bold {colour}]run {outcome.run_id} {outcome.state.value}[/] after {_span(duration)} "
@@ -191,6 +190,6 @@ def print_summary(outcome: RunOutcome, run_dir: RunDir, file: TextIO | None = No
 
     if energy_line(outcome.energy):
         console.print(escape(energy_line(outcome.energy) or ""))
-    for name in outcome.logs_unverified:
+    for name in (outcome.logs or {}).get("unverified") or ():
         console.print(f"[bold red]logs:[/] {name} never said what its rank logs hold; runs/ may lack part of them")
     console.print(f"logs and status: {run_dir.path}/")

@@ -46,7 +46,7 @@ def _earlier_logs(found: Any, record: Any) -> dict[str, Path]:
 def print_status(found: Any) -> None:
     """The run's state, per node and rank what happened, its launch timeline, attempts, events and notes."""
     from clusterrun.runs import run_record
-    from clusterrun.runs.judge import signal_name
+    from clusterrun.runs.record import signal_name
 
     record = run_record(found)
     plan = found.read_plan()

@@ -205,7 +205,7 @@ def _up(inv: Any, plan: Any, runs_dir: Any, early: EarlyConnections | None, *, d
         from clusterrun.runs import RunState, read_record
 
         record = read_record(run_dir)  # the whole run's record (every attempt), as status.json says it
-        click.echo(json.dumps((record if record.state is not RunState.unknown else outcome.record()).to_dict(),
+        click.echo(json.dumps((record if record.state is not RunState.unknown else outcome).to_dict(),
                               indent=2))
     print_summary(outcome, run_dir)
     return outcome.exit_code

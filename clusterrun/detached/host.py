@@ -37,7 +37,6 @@ from clusterrun.detached.links import Listener
 from clusterrun.errors import StartError
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import (
-    Attempt,
     CannotContinue,
     Failure,
     Signature,
@@ -56,7 +55,7 @@ from clusterrun.notify import Notifier, pending
 from clusterrun.planning.planfile import LaunchPlan
 from clusterrun.remote import protocol
 from clusterrun.runs.dirs import RunDir, atomic_write
-from clusterrun.runs.record import RunRecord, RunState, tag_events, write_record
+from clusterrun.runs.record import AttemptRecord, RunRecord, RunState, tag_events, write_record
 
 #: The run's record on rank 0's node, relative to the run's own directory there (``<remote runs>/<run id>/``).
 RECORD_DIR = "record"
@@ -113,7 +112,7 @@ def final_record(outcome_record: RunRecord, run_dir: RunDir, signalled: int | No
     by = (_stopped_by(run_dir) or "clusterrun down") if signalled == STOP_SIGNAL else None
     if signalled in (STOP_SIGNAL, signal.SIGTERM):
         # The ranks got SIGTERM, whoever asked: the exit code says so, the record says who.
-        record = record.replace(stopped_by=by or "SIGTERM to the run's supervisor", interrupted_by="SIGTERM")
+        record = record.replace(stopped_by=by or "SIGTERM to the run's supervisor", interrupted_by=signal.SIGTERM)
         if record.first_failure is None:
             record = record.replace(state=RunState.stopped, exit_code=128 + signal.SIGTERM)
     return record
@@ -219,7 +218,7 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
     asked: list[int] = []  # a stop asked for between attempts (while a supervisor runs, it hears it itself)
     for sig in (signal.SIGTERM, STOP_SIGNAL):
         signal.signal(sig, lambda signum, _frame: asked.append(signum))
-    attempts: list[Attempt] = []
+    attempts: list[AttemptRecord] = []
     events: tuple[dict[str, Any], ...] = ()
     last: Signature | None = None
     between = None  # the stop that came during a restart's backoff: the run is stopped, its failure kept
@@ -231,10 +230,10 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
         supervisor = Supervisor(plan, links, run_dir, console, settings, stage=stage, notifier=notifier)
         # The agents stay connected after their job (another attempt may follow): each one's exit is its end here.
         supervisor.signals, supervisor.keep_links = (signal.SIGTERM, STOP_SIGNAL), True
-        attempts.append(Attempt(number, [n.name for n in plan.nodes], started=supervisor.outcome.started,
-                                left_out=left_out, replaced=replaced))
+        attempts.append(AttemptRecord(number, [n.name for n in plan.nodes], started=supervisor.outcome.started,
+                                      left_out=left_out, replaced=replaced))
         write_record(run_dir, RunRecord(plan.run_id, RunState.running, started=started, detached=True, events=events,
-                                        attempts=tuple(a.record() for a in attempts) if max_restarts else ()))
+                                        attempts=tuple(attempts) if max_restarts else ()))
         if number == 0:
             def going(first: LaunchPlan = plan) -> None:
                 _say({"ev": GOING, "time": time.time()})
@@ -246,9 +245,9 @@ def _supervise(spec: dict[str, Any], plan: LaunchPlan, links: dict[str, Any], ru
             outcome = supervisor.run()
         except StartError as exc:  # an agent gone between attempts: every link was dropped, no attempt follows
             outcome = supervisor.outcome
-            outcome.ended = time.time()
             node, why = next(iter(exc.problems.items()))
             outcome.first_failure = Failure(node, None, 1, None, f"attempt {number} could not start there: {why}")
+            outcome.end(time.time())
             console.info(f"{node}: attempt {number} could not start: {why}")
         attempt = attempts[-1]
         attempt.ended_with(outcome)

@@ -23,10 +23,10 @@ from clusterrun.agents.spec import container_spec
 from clusterrun.agents.sweep import sweep_everywhere
 from clusterrun.errors import ClusterrunError
 from clusterrun.launch.console import Console
-from clusterrun.launch.outcome import RankState, RunOutcome
+from clusterrun.launch.outcome import RankState, logs_summary
 from clusterrun.launch.relay import LogRelay
 from clusterrun.planning.plan import LaunchPlan, NodePlan
-from clusterrun.runs import RunDir
+from clusterrun.runs import RunDir, RunRecord
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import fan_out
 
@@ -34,7 +34,7 @@ COLLECT_TIMEOUT = 120.0
 MAX_BYTES = 64 << 20  # per rank file: past this, the end of a huge log is what explains a failure
 
 
-def lost_nodes(outcome: RunOutcome) -> list[str]:
+def lost_nodes(outcome: RunRecord) -> list[str]:
     return [name for name, node in outcome.nodes.items() if node.state is RankState.unknown]
 
 
@@ -75,7 +75,7 @@ def _collect(plan: LaunchPlan, node: NodePlan, transport: Transport, relay: LogR
     return "; ".join(parts)
 
 
-def complete_logs(plan: LaunchPlan, transports: Mapping[str, Transport], run_dir: RunDir, outcome: RunOutcome,
+def complete_logs(plan: LaunchPlan, transports: Mapping[str, Transport], run_dir: RunDir, outcome: RunRecord,
                   relay: LogRelay, console: Console, *, grace: float, heartbeat_timeout: float) -> None:
     """Fetch in parallel what lost or short nodes hold; record in ``outcome`` what is still missing."""
     lost = lost_nodes(outcome)
@@ -103,9 +103,8 @@ def complete_logs(plan: LaunchPlan, transports: Mapping[str, Transport], run_dir
                     relay.failed(f"{name}'s launcher.log", exc)
     if relay.trouble:
         outcome.notes.append(relay.trouble)
-    outcome.log_gaps = [gap.to_dict() for gap in relay.gaps()]
-    outcome.logs_unverified = [name for name in outcome.nodes if name not in relay.reported]
-    outcome.log_totals = relay.totals()
+    outcome.logs = logs_summary([gap.to_dict() for gap in relay.gaps()],
+                                [name for name in outcome.nodes if name not in relay.reported], relay.totals())
     for gap in relay.gaps():
         outcome.notes.append(gap.describe())
 

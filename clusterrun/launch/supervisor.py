@@ -25,7 +25,7 @@ from clusterrun.agents.link import AgentLink
 from clusterrun.agents.spec import run_spec
 from clusterrun.errors import EXIT_TIMEOUT, ClusterrunError, StartError
 from clusterrun.launch.console import Console
-from clusterrun.launch.outcome import Failure, NodeOutcome, RankOutcome, RankState, RunOutcome
+from clusterrun.launch.outcome import logs_summary
 from clusterrun.launch.phase import Phase, RunPhase, signal_order
 from clusterrun.launch.relay import LogRelay
 from clusterrun.launch.settings import SupervisorSettings
@@ -37,6 +37,7 @@ from clusterrun.remote.protocol import Frame
 from clusterrun.runs import RunDir
 from clusterrun.runs.judge import gpus_left_busy, judge_node
 from clusterrun.runs.live import LiveNodes
+from clusterrun.runs.record import Failure, NodeRecord, RankRecord, RankState, RunRecord, RunState
 from clusterrun.runs.series import SeriesWriter
 from clusterrun.runs.timeline import Timeline
 from clusterrun.runs.traffic import WrongNicJudge, run_energy
@@ -62,11 +63,9 @@ class Supervisor:
         self._stage = stage or {}
         self._last_heard: dict[str, float] = {}
         self._last_progress: dict[str, float] = {}  # the last event other than a heartbeat's answer
-        self.outcome = RunOutcome(
-            run_id=plan.run_id, started=time.time(),
-            nodes={n.name: NodeOutcome(n.name, {r: RankOutcome(r, r - n.rank_offset) for r in n.ranks})
-                   for n in plan.nodes},
-        )
+        self.outcome = RunRecord(plan.run_id, RunState.running, started=time.time(), logs=logs_summary(), nodes={
+            n.name: NodeRecord(RankState.running, ranks={r: RankRecord(r, r - n.rank_offset, RankState.running)
+                                                         for r in n.ranks}) for n in plan.nodes})
         #: The signals that stop the run (see phase.signal_order); a detached run's supervisor has its own.
         self.signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         self.after_start: Callable[[], None] | None = None  # called once every node was told to start
@@ -195,28 +194,29 @@ class Supervisor:
                 self._ended.add(name)
             self.relay.expect(name, event.logs)
             if event.watch:
-                self.outcome.watch_cost[name] = event.watch
-            self._node_exit(node, event)
+                self.outcome.watch[name] = event.watch
+            self._node_exit(name, event)
         if kind in (protocol.LOAD, protocol.SAMPLE) and self.stragglers is not None:  # work: who the others wait for
             self.stragglers.on_event(name, event)
 
-    def _node_exit(self, node: NodeOutcome, event: answers.Exit) -> None:
-        end = judge_node(node.name, list(node.ranks), event, stopping=self.phase.stopping,
-                         failed_early={r.rank: r.judged() for r in node.ranks.values() if r.state is RankState.failed})
-        node.ended = end.ended or time.time()
-        node.exit_code = end.exit_code
-        node.reason = node.reason or end.reason
-        node.state = end.state
-        for rank in node.ranks.values():
-            judged = end.ranks[rank.rank]
-            rank.state, rank.exit_code, rank.signal = judged.state, judged.exit_code, judged.signal
-            rank.started, rank.ended = judged.started or rank.started, rank.ended or judged.ended or node.ended
-        if end.failure is not None:
-            self._fail(end.failure if end.failure.rank is not None or not node.reason else
-                       dataclasses.replace(end.failure, detail=node.reason))
-        for text in gpus_left_busy(node.name, event.gpus_after, self.plan.node(node.name).gpus):
+    def _node_exit(self, name: str, event: answers.Exit) -> None:
+        """The judge's node in place of what was known of it (its start, launch, timeline and a launcher error)."""
+        known = self.outcome.nodes[name]
+        end = judge_node(name, list(known.ranks), event, stopping=self.phase.stopping,
+                         failed_early={r.rank: r for r in known.ranks.values() if r.state is RankState.failed})
+        ended, reason, failure = end.ended or time.time(), known.reason or end.reason, end.failure
+        if failure is not None and failure.rank is None and reason:
+            failure = dataclasses.replace(failure, detail=reason)
+        for rank in end.ranks.values():
+            rank.ended = rank.ended or ended
+        self.outcome.nodes[name] = dataclasses.replace(end, reason=reason, started=known.started, ended=ended,
+                                                       launched=known.launched, timeline=known.timeline,
+                                                       failure=failure)
+        if failure is not None:
+            self._fail(failure)
+        for text in gpus_left_busy(name, event.gpus_after, self.plan.node(name).gpus):
             self.console.info(text)
-            self._record({"time": time.time(), "node": node.name, "kind": "gpu-left-busy", "text": text})
+            self._record({"time": time.time(), "node": name, "kind": "gpu-left-busy", "text": text})
 
     def _fail(self, failure: Failure) -> None:
         if not self.phase.stopping and self.outcome.first_failure is None:
@@ -252,7 +252,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ the loop
 
-    def run(self) -> RunOutcome:
+    def run(self) -> RunRecord:
         """Start, supervise, stop. Returns the outcome; raises StartError when nothing could be started."""
         previous = self._install_signals()
         try:
@@ -269,7 +269,7 @@ class Supervisor:
                 stream.join(timeout=2.0)
             self.relay.close()
             self.live.finish()
-            self.outcome.ended = self.outcome.ended or time.time()
+            self.outcome.end(self.outcome.ended or time.time())
             self.outcome.energy = run_energy(self.run_dir.path)
         return self.outcome
 
@@ -366,7 +366,7 @@ class Supervisor:
 
     def _record(self, event: dict[str, Any]) -> None:
         """An event of the run (the watch's findings): kept in order, and in status.json at once."""
-        self.outcome.events.append(event)
+        self.outcome.events += (event,)
         self.live.add_event(event, self.plan.job.attempt)
 
     def _path_lost(self, verdict: Verdict) -> None:

@@ -15,10 +15,8 @@ from clusterrun.inventory.models import Inventory
 from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import (
-    Attempt,
     CannotContinue,
     RankState,
-    RunOutcome,
     Signature,
     backoff,
     next_attempt,
@@ -64,7 +62,7 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
             notify: Sequence[str] = (), restarts: RestartSettings | None = None,
             early: EarlyConnections | None = None,
             on_attempt: Callable[[Path], None] | None = None,
-            on_open: Callable[[RunDir], None] | None = None) -> tuple[RunOutcome | None, RunDir]:
+            on_open: Callable[[RunDir], None] | None = None) -> tuple[RunRecord | None, RunDir]:
     """Run ``plan`` to its end. Returns the outcome (of the last attempt) and the run directory.
 
     Before each attempt: preflight (every node ready), the plan completed from the nodes' facts, and the
@@ -126,15 +124,15 @@ class _Run:
         self.timeline = Timeline()  # the current attempt's launch, node by node
         self.transports: dict[str, Transport] = {}
         self.spares = [n.name for n in inv.nodes if n.spare]
-        self.attempts: list[Attempt] = []
+        self.attempts: list[AttemptRecord] = []
         self.events: tuple[dict[str, object], ...] = ()  # of every attempt that ended, in order
 
-    def first(self, plan: LaunchPlan, detach: bool) -> tuple[RunOutcome | None, RunDir]:
+    def first(self, plan: LaunchPlan, detach: bool) -> tuple[RunRecord | None, RunDir]:
         try:
             nodes = [n.name for n in plan.nodes]
             if detach and self.restarts.max_restarts and self.spares:  # checked now, to stand by on the cluster
                 plan = self._planned(nodes, self.spares, plan.job)
-            plan, ready, attempt = self._prepare(plan, Attempt(0, nodes))
+            plan, ready, attempt = self._prepare(plan, AttemptRecord(0, nodes))
             if detach:
                 self._detach(plan, ready)
                 return None, self.run_dir
@@ -179,7 +177,8 @@ class _Run:
 
     # ------------------------------------------------------------ one attempt
 
-    def _prepare(self, plan: LaunchPlan, attempt: Attempt) -> tuple[LaunchPlan, dict[str, NodeReady], Attempt]:
+    def _prepare(self, plan: LaunchPlan,
+                 attempt: AttemptRecord) -> tuple[LaunchPlan, dict[str, NodeReady], AttemptRecord]:
         """Check the attempt's nodes and complete its plan. A node that fails the checks is replaced by a spare or
         left out (with ``--min-nodes``) and the others are checked again; otherwise :class:`StartError`."""
         waits = GpuWait(self.settings.wait_gpus, self.console.info) if self.settings.wait_gpus is not None else None
@@ -242,8 +241,8 @@ class _Run:
             return plan, ready, attempt
         raise StartError({"nodes": "every node failed the checks"}, hint="no node was started")
 
-    def _without(self, plan: LaunchPlan, attempt: Attempt, drop: Mapping[str, str],
-                 cause: StartError) -> tuple[LaunchPlan, Attempt]:
+    def _without(self, plan: LaunchPlan, attempt: AttemptRecord, drop: Mapping[str, str],
+                 cause: StartError) -> tuple[LaunchPlan, AttemptRecord]:
         try:
             nodes, replaced, left_out = recompose(attempt.nodes, self.spares, drop, self.restarts.min_nodes)
         except CannotContinue as exc:
@@ -251,11 +250,11 @@ class _Run:
         for lost, why in left_out.items():
             self.console.info(f"{lost} is left out of attempt {attempt.number} ({why})"
                               + (f"; spare {replaced[lost]} takes its place" if lost in replaced else ""))
-        attempt = Attempt(attempt.number, nodes, left_out={**attempt.left_out, **left_out},
-                          replaced={**attempt.replaced, **replaced})
+        attempt = AttemptRecord(attempt.number, nodes, left_out={**attempt.left_out, **left_out},
+                                replaced={**attempt.replaced, **replaced})
         return build_plan(self._inventory(nodes), plan.job), attempt
 
-    def _run(self, plan: LaunchPlan, ready: Mapping[str, NodeReady], attempt: Attempt) -> RunOutcome:
+    def _run(self, plan: LaunchPlan, ready: Mapping[str, NodeReady], attempt: AttemptRecord) -> RunRecord:
         supervisor = Supervisor(plan, _links(ready), self.run_dir, self.console, self.settings,
                                 stage={name: r.stage for name, r in ready.items()}, notifier=self.notifier,
                                 timeline=self.timeline)
@@ -278,7 +277,7 @@ class _Run:
 
     # ------------------------------------------------------------ restarts
 
-    def _restarts(self, plan: LaunchPlan, outcome: RunOutcome) -> tuple[RunOutcome, LaunchPlan]:
+    def _restarts(self, plan: LaunchPlan, outcome: RunRecord) -> tuple[RunRecord, LaunchPlan]:
         last: Signature | None = None
         while True:
             attempt = self.attempts[-1]
@@ -305,7 +304,7 @@ class _Run:
                 outcome.notes.append(f"interrupted before attempt {attempt.number + 1} started")
                 return outcome, plan
 
-    def _again(self, plan: LaunchPlan, outcome: RunOutcome, attempt: Attempt) -> tuple[LaunchPlan, RunOutcome]:
+    def _again(self, plan: LaunchPlan, outcome: RunRecord, attempt: AttemptRecord) -> tuple[LaunchPlan, RunRecord]:
         number = attempt.number + 1
         lost = untrusted_nodes(outcome)
         # A node whose agent fell silent is not waited for (its agent stops the job there by itself, and it is
@@ -334,8 +333,8 @@ class _Run:
         time.sleep(wait)
         job = dataclasses.replace(plan.job, attempt=number)
         plan = build_plan(self._inventory(nodes), job)
-        plan, ready, next_attempt = self._prepare(plan, Attempt(number, nodes, left_out=left_out,
-                                                                replaced=replaced))
+        plan, ready, next_attempt = self._prepare(plan, AttemptRecord(number, nodes, left_out=left_out,
+                                                                      replaced=replaced))
         return plan, self._run(plan, ready, next_attempt)
 
     # ------------------------------------------------------------ helpers
@@ -368,12 +367,12 @@ class _Run:
 
     def _attempt_records(self) -> tuple[AttemptRecord, ...]:
         """Every attempt so far, for a run that may restart (a run that may not has only one: none listed)."""
-        return tuple(a.record() for a in self.attempts) if self.restarts.max_restarts else ()
+        return tuple(self.attempts) if self.restarts.max_restarts else ()
 
     def _write(self, record: RunRecord) -> None:
         write_record(self.run_dir, record)
 
-    def _finish(self, outcome: RunOutcome) -> None:
+    def _finish(self, outcome: RunRecord) -> None:
         """The run's end, over all its attempts: from the first start to the last end, every attempt's events, and
         the first failure of all (the last attempt's own stays in ``attempts``). ``outcome`` (the last attempt's)
         gets the run's start, so that its summary and ``--notify`` say how long the whole run took."""

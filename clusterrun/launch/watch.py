@@ -27,7 +27,7 @@ from clusterrun.facts.flight import behind
 from clusterrun.facts.flight import digest as flight_digest
 from clusterrun.facts.stacks import digest, odd_ones
 from clusterrun.remote import answers, protocol
-from clusterrun.runs.judge import HUNG, Failure
+from clusterrun.runs.record import HUNG, Failure
 from clusterrun.runs.stragglers import StragglerJudge
 
 SETTLE = 2.0  # seconds to gather the other ends' reports of a failure before naming a node

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from clusterrun.errors import ClusterrunError
 from clusterrun.ops.down import run_inventory
 from clusterrun.planning.plan import NodePlan
 from clusterrun.remote.answers import Exit
-from clusterrun.runs import NodeRecord, RunDir, RunState, read_record, write_record
+from clusterrun.runs import RunDir, RunState, read_record, write_record
 from clusterrun.runs.judge import first_failure, judge_node, unreported_node
 from clusterrun.transport.factory import transport_for
 from clusterrun.transport.fanout import fan_out
@@ -98,10 +99,10 @@ def record_detached_end(run: RunDir, results: Mapping[str, NodeLogs], note: str 
     nodes = {}
     for node, end in zip(plan.nodes, ends, strict=True):
         before = record.nodes.get(node.name)
-        nodes[node.name] = NodeRecord.of(end, {r: r - node.rank_offset for r in node.ranks},
-                                         launched=before.launched if before else None, started=record.started,
-                                         timeline=before.timeline if before else None)
+        nodes[node.name] = dataclasses.replace(end, launched=before.launched if before else None,
+                                               started=record.started, timeline=before.timeline if before else {})
     # The run ended when its last node's job did (the nodes said when), not when someone looked.
     ended = max((end.ended for end in ends if end.ended is not None), default=None) or time.time()
-    write_record(run, record.replace(state=RunState.failed if first else RunState.succeeded, ended=ended,
-                                     exit_code=first.exit_code if first else 0, first_failure=first, nodes=nodes))
+    record = record.replace(first_failure=first, nodes=nodes)
+    record.end(ended)  # failed with the first failure, else succeeded
+    write_record(run, record)

@@ -15,7 +15,7 @@ from typing import Any
 from clusterrun import redact
 from clusterrun.report.html import number
 from clusterrun.runs import RunDir, RunRecord, RunState, read_record, run_record
-from clusterrun.runs.judge import Failure
+from clusterrun.runs.record import Failure
 
 
 @dataclass(frozen=True)

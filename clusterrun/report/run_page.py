@@ -10,7 +10,7 @@ from clusterrun.report import charts
 from clusterrun.report.html import VERMILLION, document, esc, mark, missing, pre, seconds, size, table, when
 from clusterrun.report.run_data import RunData, masked_env
 from clusterrun.report.series_page import series_section
-from clusterrun.runs.judge import signal_name
+from clusterrun.runs.record import signal_name
 
 #: Lines of the failing rank's log shown on its card.
 TAIL = 30

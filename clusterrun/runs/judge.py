@@ -3,7 +3,8 @@
 
 A node's end report (the agent's ``exit`` event, also written as ``exit.json``) says torchrun's exit code and,
 per global rank, ``rc``, ``signal``, ``time`` (torchrun's failure time, to the second) and ``root_cause``
-(torchrun listed it as the first observed failure). The rules:
+(torchrun listed it as the first observed failure). The judge speaks in the run record's types
+(:mod:`clusterrun.runs.record`): a node's end is a :class:`NodeRecord` with its ranks and its own failure. The rules:
 
 * a rank that exited 0, or whose torchrun exited 0 while nothing stopped it, succeeded;
 * a rank killed by a signal while another rank of its node was torchrun's root cause was stopped by torchrun:
@@ -17,101 +18,12 @@ per global rank, ``rc``, ``signal``, ``time`` (torchrun's failure time, to the s
 
 from __future__ import annotations
 
-import enum
-import signal
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from clusterrun.remote.answers import Exit, RankReport
-
-
-class RankState(str, enum.Enum):
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    stopped = "stopped"  # ended because clusterrun or torchrun stopped it after another failure
-    unknown = "unknown"  # the node's stream broke before it reported
-
-
-def signal_name(signum: int | None) -> str | None:
-    if not signum:
-        return None
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def signal_number(name: str | int | None) -> int | None:
-    """The inverse of :func:`signal_name` (None for what it cannot read)."""
-    if name is None or isinstance(name, int):
-        return name
-    try:
-        return int(signal.Signals[name])
-    except KeyError:
-        tail = name.rsplit(" ", 1)[-1]
-        return int(tail) if tail.isdigit() else None
-
-
-#: The start of the detail of a failure found by ``--hang-timeout`` (the rank did not exit: the job was stopped).
-HUNG = "hung: "
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The failure that ended a run (or an attempt): a rank, or a node as a whole."""
-
-    node: str
-    rank: int | None  # None when the node failed as a whole (lost connection, launcher error)
-    exit_code: int
-    signal: int | None
-    detail: str
-
-    def describe(self) -> str:
-        who = f"{self.node} rank {self.rank}" if self.rank is not None else self.node
-        if (self.rank is None or self.detail.startswith(HUNG)) and self.detail and not self.signal:
-            return f"{who}: {self.detail}"  # a node as a whole (lost, its data path died), a hung rank: the why is all
-        how = f"killed by {signal_name(self.signal)}" if self.signal else f"exit code {self.exit_code}"
-        return f"{who}: {how}{f' ({self.detail})' if self.detail else ''}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "rank": self.rank, "exit_code": self.exit_code,
-                "signal": signal_name(self.signal), "detail": self.detail}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Failure:
-        rank = data.get("rank")
-        return cls(str(data.get("node") or "?"), int(rank) if rank is not None else None,
-                   int(data.get("exit_code") or 1), signal_number(data.get("signal")), str(data.get("detail") or ""))
-
-
-@dataclass(frozen=True)
-class RankEnd:
-    """How one rank ended, as the judge sees it."""
-
-    rank: int
-    state: RankState
-    exit_code: int | None = None
-    signal: int | None = None
-    started: float | None = None
-    ended: float | None = None
-
-
-@dataclass(frozen=True)
-class NodeEnd:
-    """How one node ended: its ranks, its state, and its failure (None when it did not fail itself)."""
-
-    name: str
-    state: RankState
-    exit_code: int | None
-    reason: str | None
-    ended: float | None
-    ranks: Mapping[int, RankEnd]
-    failure: Failure | None = None
-    failed_at: float | None = None  # torchrun's time of the failure (to the second), when it said
-
+from clusterrun.runs.record import Failure, NodeRecord, RankRecord, RankState
 
 _NOTHING = RankReport()  # a rank the end report does not name
 
@@ -127,23 +39,23 @@ def torchrun_time(text: object) -> float | None:
 
 
 def judge_node(name: str, ranks: Sequence[int], report: Exit, *, stopping: bool,
-               failed_early: Mapping[int, RankEnd] | None = None) -> NodeEnd:
-    """The end of node ``name`` (global ``ranks``) from its end ``report``. ``stopping``: clusterrun had asked it to
-    stop (another node failed first, or the user stopped the run); ``failed_early``: ranks already known to have
-    failed while the others ran (the agent said so at once)."""
+               failed_early: Mapping[int, RankRecord] | None = None) -> NodeRecord:
+    """The end of node ``name`` (global ``ranks``, in local rank order) from its end ``report``. ``stopping``:
+    clusterrun had asked it to stop (another node failed first, or the user stopped the run); ``failed_early``: ranks
+    already known to have failed while the others ran (the agent said so at once)."""
     failed_early = failed_early or {}
     node_rc = report.rc
     ended = report.time
     reported = {int(k): v for k, v in report.ranks.items() if k.isdigit()}
     root_failed = any(v.root_cause for v in reported.values())
-    out: dict[int, RankEnd] = {}
-    for rank in ranks:
+    out: dict[int, RankRecord] = {}
+    for local, rank in enumerate(ranks):
         info = reported.get(rank, _NOTHING)
         started = info.started
         early = failed_early.get(rank)
         if early is not None:
-            out[rank] = RankEnd(rank, RankState.failed, early.exit_code, early.signal, started or early.started,
-                                early.ended or ended)
+            out[rank] = RankRecord(rank, local, RankState.failed, early.exit_code, early.signal,
+                                   started or early.started, early.ended or ended)
             continue
         code, signum = info.rc, info.signal
         # Killed by a signal while another rank of the node was the root cause: torchrun stopped it.
@@ -154,36 +66,36 @@ def judge_node(name: str, ranks: Sequence[int], report: Exit, *, stopping: bool,
             state = RankState.failed
         else:
             state = RankState.stopped
-        out[rank] = RankEnd(rank, state, code, signum, started, ended)
+        out[rank] = RankRecord(rank, local, state, code, signum, started, ended)
     failed = [r for r in out.values() if r.state is RankState.failed]
     reason = report.reason
     if failed:
         root = next((r for r in failed if reported.get(r.rank, _NOTHING).root_cause), failed[0])
         at = torchrun_time(reported.get(root.rank, _NOTHING).time)
         failure = Failure(name, root.rank, root.exit_code or 1, root.signal, "")
-        return NodeEnd(name, RankState.failed, node_rc, reason, ended, out, failure, at)
-    if node_rc == 0:
-        return NodeEnd(name, RankState.succeeded, node_rc, reason, ended, out)
-    if stopping:
-        return NodeEnd(name, RankState.stopped, node_rc, reason, ended, out)
+        return NodeRecord(RankState.failed, node_rc, reason, ended=ended, ranks=out, failure=failure, failed_at=at)
+    if node_rc == 0 or stopping:
+        return NodeRecord(RankState.succeeded if node_rc == 0 else RankState.stopped, node_rc, reason, ended=ended,
+                          ranks=out)
     failure = Failure(name, None, node_rc or 1, None, reason or "torchrun failed")
-    return NodeEnd(name, RankState.failed, node_rc, reason, ended, out, failure)
+    return NodeRecord(RankState.failed, node_rc, reason, ended=ended, ranks=out, failure=failure)
 
 
-def unreported_node(name: str, ranks: Sequence[int], reason: str) -> NodeEnd:
+def unreported_node(name: str, ranks: Sequence[int], reason: str) -> NodeRecord:
     """A node that left no end report (lost, or its record is gone): its ranks' fate is unknown and it failed."""
-    return NodeEnd(name, RankState.unknown, None, reason, None, {r: RankEnd(r, RankState.unknown) for r in ranks},
-                   Failure(name, None, 1, None, reason))
+    return NodeRecord(RankState.unknown, None, reason, ranks={r: RankRecord(r, i, RankState.unknown)
+                                                              for i, r in enumerate(ranks)},
+                      failure=Failure(name, None, 1, None, reason))
 
 
-def first_failure(nodes: Sequence[NodeEnd]) -> Failure | None:
+def first_failure(nodes: Sequence[NodeRecord]) -> Failure | None:
     """The run's first failure: the earliest of the nodes' failures (see the module's rules); None when none
     failed."""
     failed = [(i, n) for i, n in enumerate(nodes) if n.failure is not None]
     if not failed:
         return None
 
-    def when(item: tuple[int, NodeEnd]) -> tuple[float, float, int]:
+    def when(item: tuple[int, NodeRecord]) -> tuple[float, float, int]:
         i, node = item
         end = node.ended if node.ended is not None else float("inf")
         at = node.failed_at if node.failed_at is not None else end

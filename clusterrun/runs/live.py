@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from clusterrun.remote import protocol
 from clusterrun.runs.dirs import RunDir
-from clusterrun.runs.judge import RankState
-from clusterrun.runs.record import NodeRecord, RunState, read_record, write_record
+from clusterrun.runs.record import NodeRecord, RankState, RunState, read_record, write_record
 from clusterrun.runs.timeline import NodeLive, Timeline
 
 #: Seconds between two live writes of status.json at least; a run of many nodes writes less often.
@@ -25,24 +24,10 @@ WRITE_EVERY = 2.0
 WRITE_PER_NODE = 0.02
 
 
-class _Rank(Protocol):
-    state: RankState
-
-
-class _Node(Protocol):
-    """A node as the supervisor keeps it (:class:`clusterrun.launch.outcome.NodeOutcome`)."""
-
-    ranks: Mapping[int, _Rank]
-    ended: float | None
-    timeline: Any
-
-    def record(self) -> NodeRecord: ...
-
-
 class LiveNodes:
     """The nodes of one attempt, as the supervisor sees them run."""
 
-    def __init__(self, run_dir: RunDir, nodes: Mapping[str, _Node], timeline: Timeline,
+    def __init__(self, run_dir: RunDir, nodes: Mapping[str, NodeRecord], timeline: Timeline,
                  watched: bool, failed: Callable[[str, OSError], None], write_every: float = WRITE_EVERY) -> None:
         self.run_dir, self.nodes, self.timeline, self._failed = run_dir, nodes, timeline, failed
         self.write_every = max(write_every, WRITE_PER_NODE * len(nodes))
@@ -108,7 +93,7 @@ class LiveNodes:
         if current.state is not RunState.running:
             return
         wall = time.time()
-        nodes = {name: dataclasses.replace(node.record(), timeline=self.timeline.of(name), live=self.live(name, wall))
+        nodes = {name: dataclasses.replace(node, timeline=self.timeline.of(name), live=self.live(name, wall))
                  for name, node in self.nodes.items()}
         try:
             write_record(self.run_dir, current.replace(nodes=nodes))

@@ -1,5 +1,9 @@
 """The run record: what ``status.json`` says, typed, and the only thing that composes or reads that file.
 
+One family of types describes a run (rank, node, attempt, run, failure): the judge (:mod:`.judge`) returns them,
+both supervisors update them while the run goes on (a node as a whole when the judge rules on its end), and
+status.json is their ``to_dict`` (read back by ``from_dict``).
+
 A run's record goes ``starting`` -> ``running`` -> its end (see :class:`RunState`); a restarted run keeps one
 record over all its attempts: ``started`` is the first attempt's start, ``duration`` runs to the end of the
 last, ``attempts`` lists each (nodes, start, end, state, exit code, first failure), ``events`` holds every
@@ -15,15 +19,78 @@ import dataclasses
 import enum
 import json
 import os
+import signal
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterrun.errors import EXIT_INTERRUPTED
 from clusterrun.runs.dirs import RunDir, atomic_write
-from clusterrun.runs.judge import Failure, NodeEnd, RankState, signal_name, signal_number
 from clusterrun.runs.timeline import NodeLive, PhaseSpan, timeline_dict, timeline_from
 
 STATUS = "status.json"
+
+
+class RankState(str, enum.Enum):
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    stopped = "stopped"  # ended because clusterrun or torchrun stopped it after another failure
+    unknown = "unknown"  # the node's stream broke before it reported
+
+
+def signal_name(signum: int | None) -> str | None:
+    if not signum:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def signal_number(name: object) -> int | None:
+    """The inverse of :func:`signal_name` (None for what it cannot read)."""
+    if not isinstance(name, str):
+        return name if isinstance(name, int) and not isinstance(name, bool) else None
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        tail = name.rsplit(" ", 1)[-1]
+        return int(tail) if tail.isdigit() else None
+
+
+#: The start of the detail of a failure found by ``--hang-timeout`` (the rank did not exit: the job was stopped).
+HUNG = "hung: "
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The failure that ended a run (or an attempt): a rank, or a node as a whole."""
+
+    node: str
+    rank: int | None  # None when the node failed as a whole (lost connection, launcher error)
+    exit_code: int
+    signal: int | None
+    detail: str
+
+    def describe(self) -> str:
+        who = f"{self.node} rank {self.rank}" if self.rank is not None else self.node
+        if (self.rank is None or self.detail.startswith(HUNG)) and self.detail and not self.signal:
+            return f"{who}: {self.detail}"  # a node as a whole (lost, its data path died), a hung rank: the why is all
+        how = f"killed by {signal_name(self.signal)}" if self.signal else f"exit code {self.exit_code}"
+        return f"{who}: {how}{f' ({self.detail})' if self.detail else ''}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "rank": self.rank, "exit_code": self.exit_code,
+                "signal": signal_name(self.signal), "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Failure:
+        rank = data.get("rank")
+        return cls(str(data.get("node") or "?"), int(rank) if rank is not None else None,
+                   int(data.get("exit_code") or 1), signal_number(data.get("signal")), str(data.get("detail") or ""))
+
 
 
 class RunState(str, enum.Enum):
@@ -68,8 +135,10 @@ def _rank_state(value: object) -> RankState | None:
         return RankState.unknown
 
 
-@dataclass(frozen=True)
+@dataclass
 class RankRecord:
+    """How one rank runs or ended."""
+
     rank: int
     local_rank: int | None = None
     state: RankState = RankState.unknown
@@ -90,8 +159,11 @@ class RankRecord:
                    _float(data.get("ended")))
 
 
-@dataclass(frozen=True)
+@dataclass
 class NodeRecord:
+    """How one node runs or ended: its ranks, its state, and (the judge's, not in status.json: the run's first
+    failure is) its own failure and torchrun's time of it."""
+
     state: RankState | None = None  # None: not known yet (a detached run before its end)
     exit_code: int | None = None
     reason: str | None = None
@@ -101,6 +173,15 @@ class NodeRecord:
     ranks: Mapping[int, RankRecord] = field(default_factory=dict)
     timeline: Mapping[str, PhaseSpan] = field(default_factory=dict)  # the launch's phases (runs/timeline.py)
     live: NodeLive | None = None  # while it runs: what the supervisor last knew
+    failure: Failure | None = None  # None when it did not fail itself
+    failed_at: float | None = None  # torchrun's time of the failure (to the second), when it said
+
+    def unknown_end(self, reason: str | None) -> None:
+        """The node can no longer say how it ended (lost, or given up on): it and its running ranks are unknown."""
+        self.ended, self.state, self.reason = time.time(), RankState.unknown, reason
+        for rank in self.ranks.values():
+            if rank.state is RankState.running:
+                rank.state = RankState.unknown
 
     def to_dict(self) -> dict[str, Any]:
         data = {"state": self.state.value if self.state else None, "exit_code": self.exit_code,
@@ -120,21 +201,13 @@ class NodeRecord:
                    _float(data.get("started")), _float(data.get("launched")), _float(data.get("ended")), ranks,
                    timeline_from(data.get("timeline")), NodeLive.from_dict(data.get("live")))
 
-    @classmethod
-    def of(cls, end: NodeEnd, local: Mapping[int, int], launched: float | None = None,
-           started: float | None = None, timeline: Mapping[str, PhaseSpan] | None = None) -> NodeRecord:
-        """What the judge said of a node (``local``: global rank -> local rank)."""
-        return cls(end.state, end.exit_code, end.reason, started, launched, end.ended,
-                   {r: RankRecord(r, local.get(r), e.state, e.exit_code, e.signal, e.started, e.ended)
-                    for r, e in end.ranks.items()}, dict(timeline or {}))
 
-
-@dataclass(frozen=True)
+@dataclass
 class AttemptRecord:
-    """One start of the job of a restarted run."""
+    """One start of the job of a restarted run, as the summary and status.json list it."""
 
     number: int
-    nodes: tuple[str, ...]
+    nodes: Sequence[str]
     started: float | None = None
     ended: float | None = None
     state: str = "running"
@@ -147,6 +220,19 @@ class AttemptRecord:
     @property
     def duration(self) -> float | None:
         return self.ended - self.started if self.ended is not None and self.started is not None else None
+
+    def ended_with(self, run: RunRecord) -> None:
+        """This attempt ended as ``run`` (the supervisor's record of it, ended) says."""
+        self.ended, self.state, self.exit_code = run.ended, run.state.value, run.exit_code
+        self.cause = run.first_failure.describe() if run.first_failure else None
+        self.first_failure = run.first_failure
+
+    def describe(self) -> str:
+        what = self.state if not self.cause else f"{self.state}: {self.cause}"
+        changes = [f"{lost} replaced by {spare}" for lost, spare in self.replaced.items()]
+        changes += [f"without {node} ({why})" for node, why in self.left_out.items() if node not in self.replaced]
+        return (f"attempt {self.number} on {len(self.nodes)} node(s)" + (f" ({'; '.join(changes)})" if changes else "")
+                + f": {what}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"attempt": self.number, "nodes": list(self.nodes), "started": self.started, "ended": self.ended,
@@ -169,9 +255,10 @@ _KNOWN = {"run_id", "state", "exit_code", "started", "ended", "duration", "pid",
           "restart_count", "attempts", "energy"}
 
 
-@dataclass(frozen=True)
+@dataclass
 class RunRecord:
-    """What status.json says of one run (see the module's docstring)."""
+    """What status.json says of one run (see the module's docstring); also the supervisor's run (of one attempt)
+    while it goes on, ended by :meth:`end`."""
 
     run_id: str
     state: RunState
@@ -179,13 +266,13 @@ class RunRecord:
     ended: float | None = None
     exit_code: int | None = None
     pid: int | None = None  # the process of `clusterrun up`, while it runs
-    interrupted_by: str | None = None  # the signal's name
+    interrupted_by: int | None = None  # the signal that made the user stop the run (its name in status.json)
     first_failure: Failure | None = None
-    notes: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)  # kept as a list: the run adds to them as it goes
     events: tuple[Mapping[str, Any], ...] = ()  # what the watch saw, in order: time, node, kind, text (attempt)
-    watch: Mapping[str, Any] = field(default_factory=dict)  # per node: the watch's datagrams
+    watch: dict[str, Any] = field(default_factory=dict)  # per node: the watch's datagrams
     logs: Mapping[str, Any] | None = None  # complete, gaps, unverified, received
-    nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
     problems: Mapping[str, str] = field(default_factory=dict)  # not-started: node -> why
     detail: str | None = None
     detached: bool = False  # started with `up --detach`
@@ -193,6 +280,10 @@ class RunRecord:
     attempts: tuple[AttemptRecord, ...] = ()  # a run with restarts: every attempt
     energy: Mapping[str, Any] | None = None  # the GPUs' energy in joules: total_j, per_node_j, per_gpu_j, how
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys of the file this version does not know
+    path_blame: Mapping[str, Any] | None = None  # not in status.json: the dead path that stopped it (node, other_end)
+
+    def __post_init__(self) -> None:
+        self.notes = list(self.notes)
 
     @property
     def duration(self) -> float | None:
@@ -203,6 +294,21 @@ class RunRecord:
     def restart_count(self) -> int | None:
         return self.attempts[-1].number if self.attempts else None
 
+    @property
+    def logs_complete(self) -> bool:
+        return bool((self.logs or {}).get("complete", True))
+
+    def end(self, at: float) -> None:
+        """The job ended at ``at``: failed (its first failure's exit code), else interrupted by the user (128 + the
+        signal), else succeeded."""
+        signum, self.ended = self.interrupted_by, at
+        if self.first_failure is not None:
+            self.state, self.exit_code = RunState.failed, self.first_failure.exit_code or 1
+        elif signum is not None:
+            self.state, self.exit_code = RunState.interrupted, 128 + signum if signum else EXIT_INTERRUPTED
+        else:
+            self.state, self.exit_code = RunState.succeeded, 0
+
     def replace(self, **changes: Any) -> RunRecord:
         return dataclasses.replace(self, **changes)
 
@@ -212,7 +318,7 @@ class RunRecord:
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "run_id": self.run_id, "state": self.state.value, "exit_code": self.exit_code, "started": self.started,
-            "ended": self.ended, "duration": self.duration, "interrupted_by": self.interrupted_by,
+            "ended": self.ended, "duration": self.duration, "interrupted_by": signal_name(self.interrupted_by),
             "first_failure": self.first_failure.to_dict() if self.first_failure else None,
             "notes": list(self.notes), "events": [dict(e) for e in self.events], "watch": dict(self.watch)}
         if self.logs is not None:
@@ -245,9 +351,9 @@ class RunRecord:
         nodes = {str(k): NodeRecord.from_dict(v) for k, v in (data.get("nodes") or {}).items()
                  if isinstance(v, Mapping)}
         return cls(str(data.get("run_id") or run_id), state, started, _float(data.get("ended")),
-                   _int(data.get("exit_code")), _int(data.get("pid")), data.get("interrupted_by"),
+                   _int(data.get("exit_code")), _int(data.get("pid")), signal_number(data.get("interrupted_by")),
                    Failure.from_dict(failure) if isinstance(failure, Mapping) else None,
-                   tuple(str(n) for n in data.get("notes") or ()),
+                   [str(n) for n in data.get("notes") or ()],
                    tuple(e for e in data.get("events") or () if isinstance(e, Mapping)),
                    dict(data.get("watch") or {}), data.get("logs") if isinstance(data.get("logs"), Mapping) else None,
                    nodes, {str(k): str(v) for k, v in dict(problems).items()}, data.get("detail"),
