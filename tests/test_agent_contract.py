@@ -25,7 +25,7 @@ from clusterrun.inventory.models import Transport as TransportKind
 from clusterrun.launch.settings import SupervisorSettings
 from clusterrun.planning.plan import EnvVar, NodePlan
 from clusterrun.remote import job, protocol
-from clusterrun.remote.protocol import Frame, frames
+from clusterrun.remote.protocol import Frame, FrameDecoder, frames
 from clusterrun.transport.local import LocalTransport
 
 
@@ -178,7 +178,23 @@ def test_prepare_refuses_a_bad_check_and_a_bad_go_with_error_events(tmp_path: Pa
 def test_a_run_without_optional_keys_runs_with_the_defaults(tmp_path: Path) -> None:
     """Only the required keys: the node fills the rest and the job runs to its exit event."""
     spec = {"run_id": f"contract-{uuid.uuid4().hex[:8]}", "argv": ["sh", "-c", "exit 3"], "run_dir": str(tmp_path)}
-    rc, got, err = _agent("run", _line(spec))
+    # clusterrun stays (stdin open) until the job's exit event: a closed stdin is clusterrun gone, which stops the
+    # job, and on a busy machine that could come before the job's own exit.
+    proc = subprocess.Popen(remote.argv(sys.executable, "agent", "run"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(_line(spec))
+    proc.stdin.flush()
+    decoder, got = FrameDecoder(), []
+    try:
+        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            got += decoder.feed(chunk)
+            if any(f.event.get("ev") == protocol.EXIT for f in got):
+                break
+    finally:
+        proc.stdin.close()
+        rc = proc.wait(timeout=60)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     assert rc == 0, err
     kinds = [f.event["ev"] for f in got]
     assert kinds[0] == protocol.STARTED and kinds[-1] == protocol.EXIT and got[-1].event["rc"] == 3, got

@@ -79,3 +79,18 @@ def test_the_transport_carries_on_over_the_connection_dialled_first(sim_cluster:
             assert done.ok and done.stdout.strip() == node.name
             assert transport.dialled is not None  # its TCP connection is the one dialled first
     dial.forget()
+
+
+def test_dialling_first_loads_neither_pydantic_nor_paramiko_nor_click() -> None:
+    # What makes the dial early: everything it imports is the standard library, PyYAML and clusterrun's own
+    # ssh_config reader (`python -m clusterrun` runs clusterrun/__main__.py, which dials before the CLI loads).
+    import subprocess
+    import sys
+
+    probe = ("import sys, clusterrun.__main__ as m\n"
+             "from clusterrun.cli import first_dial\n"
+             "import yaml\n"
+             "from clusterrun.transport.ssh import config, dial, resolve, words\n"
+             "print(sorted(n for n in ('pydantic', 'paramiko', 'click', 'rich') if n in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -68,8 +68,8 @@ def _ssh_nodes(data: Any) -> list[tuple[str, Mapping[str, Any]]]:
 def _dial_node(host: str, settings: Mapping[str, Any]) -> None:
     from clusterrun.transport.ssh import dial
     from clusterrun.transport.ssh.config import config_files
+    from clusterrun.transport.ssh.dial import DEFAULT_CONNECT_TIMEOUT
     from clusterrun.transport.ssh.resolve import host_config
-    from clusterrun.transport.ssh.target import DEFAULT_CONNECT_TIMEOUT
     from clusterrun.transport.ssh.words import expand_tokens, parse_port
 
     if settings.get("jump_host") or host in ("localhost", "127.0.0.1", "::1"):

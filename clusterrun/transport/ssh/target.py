@@ -17,11 +17,11 @@ from pathlib import Path
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
 from clusterrun.transport.ssh.config import HostConfig, config_files
+from clusterrun.transport.ssh.dial import DEFAULT_CONNECT_TIMEOUT
 from clusterrun.transport.ssh.jump_spec import parse_jump_spec
 from clusterrun.transport.ssh.resolve import host_config
 from clusterrun.transport.ssh.words import expand_path, expand_tokens, local_user, parse_port, session_tokens
 
-DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 DEFAULT_GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 #: OpenSSH's default keys, in its order, of the types paramiko can use (not -sk, XMSS or DSA keys).
