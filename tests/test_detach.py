@@ -352,6 +352,31 @@ def test_down_during_a_restarts_backoff_stops_the_run_before_another_attempt(sim
     assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}
 
 
+def _cut_while_training(cluster: SimCluster, cwd: Path, run_id: str, victim: int,
+                        idle: str | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """Once rank 0 reports step 20 (every rank reduces), node ``victim`` falls off both networks; `logs -f`
+    follows the run to its end, which must be a success. ``idle``: a node that must run none of the job until
+    then (a spare). Returns what `logs -f` printed and the record."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if "step 20" in run_clusterrun("logs", run_id, "--node", "node0", cwd=cwd).stdout:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"no step 20 within 120s: {status(run_id, cwd)}")
+    if idle is not None:
+        assert not [c for _p, c in cluster.job_processes(run_id).get(idle, []) if c.endswith(".py")]
+    cluster.partition(victim)
+    try:
+        done = run_clusterrun("logs", run_id, "-f", cwd=cwd, timeout=300)
+    finally:
+        cluster.heal(victim)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = status(run_id, cwd)
+    assert record["state"] == "succeeded", record
+    return done, record
+
+
 def test_a_lost_worker_is_left_out_by_the_supervisor_with_min_nodes(sim_cluster: SimCluster, tmp_path: Path) -> None:
     # The supervisor on node0 recomposes the next attempt from its plan without node3 (launch/outcome.py's
     # recompose, planfile's on_nodes: what an attached `up` does), and the job goes on with 3 nodes.
@@ -361,21 +386,7 @@ def test_a_lost_worker_is_left_out_by_the_supervisor_with_min_nodes(sim_cluster:
     (tmp_path / "job.py").write_text(JOB)
     run_id = detach(inv, tmp_path, "job.py", "--max-restarts", "2", "--restart-backoff", "0.5", "--min-nodes", "3",
                     args=("partition",))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # training: every rank reduces, rank 0 prints its steps
-        if "step 20" in run_clusterrun("logs", run_id, "--node", "node0", cwd=tmp_path).stdout:
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"no step 20 within 120s: {status(run_id, tmp_path)}")
-    sim_cluster.partition(3)  # node3 falls off both networks in the middle of training
-    try:
-        done = run_clusterrun("logs", run_id, "-f", cwd=tmp_path, timeout=300)
-    finally:
-        sim_cluster.heal(3)
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = status(run_id, tmp_path)
-    assert record["state"] == "succeeded", record
+    done, record = _cut_while_training(sim_cluster, tmp_path, run_id, 3)
     first, second = record["attempts"]
     assert first["state"] == "failed" and second["nodes"] == ["node0", "node1", "node2"]
     assert "node3" in second["left_out"] and record["first_failure"]["node"] == "node3"
@@ -402,22 +413,7 @@ def test_a_spare_checked_at_the_start_takes_a_lost_workers_place(sim_cluster: Si
     plan = json.loads((tmp_path / "runs" / run_id / "plan.json").read_text())
     assert [n["name"] for n in plan["nodes"]] == ["node0", "node1", "node2"] and plan["world_size"] == 3
     assert [n["name"] for n in plan["standby"]] == ["node3"] and plan["spares"] == ["node3"]
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if "step 20" in run_clusterrun("logs", run_id, "--node", "node0", cwd=tmp_path).stdout:
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"no step 20 within 120s: {status(run_id, tmp_path)}")
-    assert not [c for _p, c in sim_cluster.job_processes(run_id).get("node3", []) if c.endswith(".py")]
-    sim_cluster.partition(2)
-    try:
-        done = run_clusterrun("logs", run_id, "-f", cwd=tmp_path, timeout=300)
-    finally:
-        sim_cluster.heal(2)
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = status(run_id, tmp_path)
-    assert record["state"] == "succeeded", record
+    done, record = _cut_while_training(sim_cluster, tmp_path, run_id, 2, idle="node3")
     second = record["attempts"][1]
     assert second["nodes"] == ["node0", "node1", "node3"] and second["replaced"] == {"node2": "node3"}, second
     shown = sorted(line.split("] ", 1)[1] for line in done.stdout.splitlines() if "attempt 1 rank" in line)

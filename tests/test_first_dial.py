@@ -94,3 +94,41 @@ def test_dialling_first_loads_neither_pydantic_nor_paramiko_nor_click() -> None:
              "print(sorted(n for n in ('pydantic', 'paramiko', 'click', 'rich') if n in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_giving_up_the_dials_wakes_a_connect_waiting_on_one() -> None:
+    # A listener whose queue is full drops the next SYN: that dial waits (as for a node that drops every packet).
+    # The command ending gives it up (EarlyConnections.close calls forget), and the transport waiting to take it
+    # hears so at once instead of after its connect timeout.
+    import threading
+
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as server:
+        port = server.getsockname()[1]
+        queued = []
+        for _ in range(8):  # fill the accept queue: the kernel keeps backlog + 1
+            try:
+                queued.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
+            except OSError:
+                break
+        try:
+            dial.dial("127.0.0.1", port, 60.0)
+            got: list[BaseException] = []
+
+            def taker() -> None:
+                try:
+                    dial.take("127.0.0.1", port, 60.0)
+                except OSError as exc:
+                    got.append(exc)
+
+            thread = threading.Thread(target=taker)
+            thread.start()
+            deadline = time.monotonic() + 10  # until the taker holds the dial (taken, still under way)
+            while dial.dialled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not dial.dialled() and thread.is_alive()
+            dial.forget()
+            thread.join(timeout=10)
+            assert not thread.is_alive() and got and "given up" in str(got[0])
+        finally:
+            for sock in queued:
+                sock.close()

@@ -42,8 +42,10 @@ def test_ctrl_c_during_the_checks_is_recorded(sim_cluster: SimCluster, tmp_path:
     proc = start_clusterrun("up", str(inv), "x.py", cwd=tmp_path)
     try:
         # The checks have begun when clusterrun waits on node1's connection (status.json says `starting` then).
-        wait_until(lambda: connecting_to(proc.pid, sim_cluster.nodes[1].mgmt_ip) or proc.poll() is not None, 30,
-                   "clusterrun connecting to node1")
+        # (`up` dials the nodes before it has loaded: the connection alone does not say the checks have begun)
+        wait_until(lambda: (connecting_to(proc.pid, sim_cluster.nodes[1].mgmt_ip)
+                            and any("starting" in p.read_text() for p in (tmp_path / "runs").glob("*/status.json")))
+                   or proc.poll() is not None, 30, "clusterrun connecting to node1 in its checks")
         assert proc.poll() is None, proc.communicate()[1]
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)

@@ -106,7 +106,9 @@ def _exit_without_waiting(code: int) -> None:
     import os
     import threading
 
-    if not any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+    # A worker of a thread pool is joined at exit even when it is a daemon (it is, when a daemon thread made the
+    # pool): any thread left counts.
+    if not any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
         return  # nothing to wait for: the usual exit
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from clusterrun.errors import CommandTimeout
 from clusterrun.transport.base import Transport
 from clusterrun.transport.fanout import MAX_PARALLEL
+from clusterrun.transport.ssh import dial
 from clusterrun.waits import future_done
 
 #: Seconds to wait for the transports to be made (reading ssh_config and known_hosts, importing paramiko).
@@ -89,3 +90,4 @@ class EarlyConnections:
         if self._made.done() and self._made.exception() is None:
             for transport in self._made.result().values():
                 transport.close()
+        dial.forget()  # a connect waiting on a dial under way ends now

@@ -25,6 +25,7 @@ MAX_DIALS = 256
 
 _lock = threading.Lock()
 _dials: dict[tuple[str, int], Future[tuple[socket.socket, float]]] = {}
+_taking: set[Future[tuple[socket.socket, float]]] = set()  # taken, their dial still under way
 
 
 def _open(future: Future[tuple[socket.socket, float]], host: str, port: int, timeout: float) -> None:
@@ -32,9 +33,15 @@ def _open(future: Future[tuple[socket.socket, float]], host: str, port: int, tim
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
-        future.set_exception(exc)
+        with _lock:
+            if not future.done():
+                future.set_exception(exc)
         return
-    future.set_result((sock, began))
+    with _lock:
+        if not future.done():  # not given up meanwhile (forget)
+            future.set_result((sock, began))
+            return
+    sock.close()
 
 
 def dial(host: str, port: int, timeout: float) -> None:
@@ -53,9 +60,14 @@ def take(host: str, port: int, timeout: float) -> tuple[socket.socket, float] | 
     ``timeout`` seconds (its own connect bound ends it first)."""
     with _lock:
         future = _dials.pop((host, port), None)
-    if future is None:
-        return None
-    return future.result(timeout=timeout)
+        if future is None:
+            return None
+        _taking.add(future)
+    try:
+        return future.result(timeout=timeout)
+    finally:
+        with _lock:
+            _taking.discard(future)
 
 
 def dialled() -> set[tuple[str, int]]:
@@ -65,10 +77,14 @@ def dialled() -> set[tuple[str, int]]:
 
 
 def forget() -> None:
-    """Close every connection dialled and not taken."""
+    """Close every connection dialled and not taken, and give up the dials still under way: a :func:`take`
+    waiting on one raises at once (the command is ending: nothing may wait out a connect timeout)."""
     with _lock:
-        futures = list(_dials.values())
+        futures = [*_dials.values(), *_taking]
         _dials.clear()
+        for future in futures:
+            if not future.done():
+                future.set_exception(ConnectionAbortedError("the connection was given up (clusterrun is ending)"))
     for future in futures:
-        if future.done() and future.exception() is None:
+        if future.exception() is None:
             future.result()[0].close()
