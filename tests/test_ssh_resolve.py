@@ -19,7 +19,8 @@ from simjobs import CONNECT_TIMEOUT
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
 from clusterrun.transport.ssh import resolve as ssh_resolve
-from clusterrun.transport.ssh.target import DEFAULT_CONNECT_TIMEOUT, resolve_target
+from clusterrun.transport.ssh.resolve import DEFAULT_CONNECT_TIMEOUT
+from clusterrun.transport.ssh.target import resolve_target
 from clusterrun.transport.ssh.transport import SshTransport
 
 SSH = shutil.which("ssh")

@@ -68,27 +68,19 @@ def _ssh_nodes(data: Any) -> list[tuple[str, Mapping[str, Any]]]:
 def _dial_node(host: str, settings: Mapping[str, Any]) -> None:
     from clusterrun.transport.ssh import dial
     from clusterrun.transport.ssh.config import config_files
-    from clusterrun.transport.ssh.dial import DEFAULT_CONNECT_TIMEOUT
-    from clusterrun.transport.ssh.resolve import host_config
-    from clusterrun.transport.ssh.words import expand_tokens, parse_port
+    from clusterrun.transport.ssh.resolve import address_of, connect_timeout_of, host_config
 
     if settings.get("jump_host") or host in ("localhost", "127.0.0.1", "::1"):
         return
     config = settings.get("config_file")
-    user, port = settings.get("user"), settings.get("port")
-    found = host_config(host, config, config_files(config), user=user if isinstance(user, str) else None,
-                        port=port if isinstance(port, int) else None)
+    user, port, timeout = settings.get("user"), settings.get("port"), settings.get("connect_timeout")
+    port = port if isinstance(port, int) else None
+    found = host_config(host, config, config_files(config), user=user if isinstance(user, str) else None, port=port)
     if found.proxy is not None and found.proxy.value is not None and found.proxy.value.lower() != "none":
         return
-    hostname = expand_tokens(found.get("hostname") or "%h", {"h": host}, found.origin("hostname") or host)
-    if not isinstance(port, int):
-        port = parse_port(found.words("port")[0], "Port", found.origin("port") or host) if found.get("port") else 22
-    timeout = settings.get("connect_timeout")
-    if not isinstance(timeout, (int, float)) or not 0 < timeout <= 600:
-        text = (found.words("connecttimeout") or [""])[0]
-        timeout = float(text) if text.replace(".", "", 1).isdigit() and 0 < float(text) <= 600 else \
-            DEFAULT_CONNECT_TIMEOUT
-    dial.dial(hostname, port, float(timeout))
+    hostname, port = address_of(host, found, port)
+    given = float(timeout) if isinstance(timeout, (int, float)) and 0 < timeout <= 600 else None
+    dial.dial(hostname, port, connect_timeout_of(found, given))
 
 
 def dial_nodes(argv: Sequence[str]) -> int:

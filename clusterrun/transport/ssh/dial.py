@@ -17,9 +17,6 @@ import threading
 import time
 from concurrent.futures import Future
 
-#: Seconds an SSH connection may take to open where neither the inventory nor ssh_config says (here, not in
-#: target.py, so that dialling first needs neither pydantic nor paramiko).
-DEFAULT_CONNECT_TIMEOUT = 10.0
 #: Hosts dialled at most (a larger cluster dials through the transports as before).
 MAX_DIALS = 256
 

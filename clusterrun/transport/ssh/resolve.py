@@ -58,12 +58,14 @@ from clusterrun.transport.ssh.config import MATCH_EXEC_TIMEOUT, HostConfig, Prox
 from clusterrun.transport.ssh.jump_spec import parse_jump_spec
 from clusterrun.transport.ssh.keywords import KEYWORDS
 from clusterrun.transport.ssh.scan import Scan, scan
-from clusterrun.transport.ssh.words import Origin
+from clusterrun.transport.ssh.words import Origin, expand_tokens, parse_port
 
 READER_ENV = "CLUSTERRUN_SSH_CONFIG_READER"
 MAX_PROCESSES = 8  # ssh -G at once: each is ~6 ms of CPU, more at once only queues on the cores
 SSH_G_TIMEOUT = MATCH_EXEC_TIMEOUT + 5.0  # its Match exec commands bounded as clusterrun's reader bounds them
 REUSE_S = 60.0
+#: Seconds an SSH connection may take to open where neither the inventory nor ssh_config says.
+DEFAULT_CONNECT_TIMEOUT = 10.0
 _QUEUE_TIMEOUT = 4 * SSH_G_TIMEOUT  # a slot frees within SSH_G_TIMEOUT unless every holder hangs to its end
 #: The keywords clusterrun reads from ssh_config: where none is set in any file, ssh -G is not needed.
 USED = frozenset({"hostname", "port", "user", "identityfile", "proxycommand", "proxyjump", "userknownhostsfile",
@@ -133,6 +135,29 @@ def host_config(host: str, config_file: str | None, files: list[tuple[Path, bool
                 _answers.clear()
             _answers[key] = (answer, time.monotonic())
     return answer
+
+
+def address_of(host: str, found: HostConfig, port: int | None) -> tuple[str, int]:
+    """Where ``host`` is reached as ``found`` (its ssh_config) says: its HostName (``%h`` expanded) and port
+    (``port`` given outside ssh_config wins; 22 by default)."""
+    hostname = expand_tokens(found.get("hostname") or "%h", {"h": host}, found.origin("hostname") or host)
+    if port is None and found.get("port"):
+        port = parse_port(found.words("port")[0], "Port", found.origin("port") or host)
+    return hostname, port or 22
+
+
+def connect_timeout_of(found: HostConfig, given: float | None) -> float:
+    """The connect bound: ``given`` (the inventory's), else ssh_config's ConnectTimeout, else
+    :data:`DEFAULT_CONNECT_TIMEOUT` (also for OpenSSH's ``ConnectTimeout 0``, none: clusterrun keeps one)."""
+    if given is not None:
+        return given
+    text = (found.words("connecttimeout") or [None])[0]
+    try:
+        timeout = float(text) if text else DEFAULT_CONNECT_TIMEOUT
+    except ValueError:
+        raise UsageError(f"{found.origin('connecttimeout')}: ConnectTimeout {text!r} is not a number of "
+                         "seconds") from None
+    return timeout if 0 < timeout <= 600 else DEFAULT_CONNECT_TIMEOUT
 
 
 @contextlib.contextmanager

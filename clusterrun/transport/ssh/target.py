@@ -17,10 +17,9 @@ from pathlib import Path
 from clusterrun.errors import UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
 from clusterrun.transport.ssh.config import HostConfig, config_files
-from clusterrun.transport.ssh.dial import DEFAULT_CONNECT_TIMEOUT
 from clusterrun.transport.ssh.jump_spec import parse_jump_spec
-from clusterrun.transport.ssh.resolve import host_config
-from clusterrun.transport.ssh.words import expand_path, expand_tokens, local_user, parse_port, session_tokens
+from clusterrun.transport.ssh.resolve import address_of, connect_timeout_of, host_config
+from clusterrun.transport.ssh.words import expand_path, expand_tokens, local_user, session_tokens
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 DEFAULT_GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
@@ -86,10 +85,7 @@ def _resolve(host: str, settings: SshSettings, files: list[tuple[Path, bool]], *
     if depth > MAX_JUMP_DEPTH:
         raise UsageError(f"{host}: ProxyJump chain longer than {MAX_JUMP_DEPTH} hops (a loop in ssh_config?)")
     found = host_config(host, settings.config_file, files, user=user, port=port, jump_given=jump_spec is not None)
-    hostname = expand_tokens(found.get("hostname") or "%h", {"h": host}, found.origin("hostname") or host)
-    if port is None and found.get("port"):
-        port = parse_port(found.words("port")[0], "Port", found.origin("port") or host)
-    port = port or 22
+    hostname, port = address_of(host, found, port)
     user = user or (found.words("user") or [None])[0] or local_user()
     # The tokens OpenSSH offers in ProxyCommand, ProxyJump and file names (%C included: ~/.ssh/%C keys).
     tokens = session_tokens(hostname, host, port, user, (found.words("hostkeyalias") or [None])[0])
@@ -134,16 +130,7 @@ def _resolve(host: str, settings: SshSettings, files: list[tuple[Path, bool]], *
         known = _known_hosts_files(found, "userknownhostsfile", DEFAULT_KNOWN_HOSTS, tokens)
     global_known = _known_hosts_files(found, "globalknownhostsfile", DEFAULT_GLOBAL_KNOWN_HOSTS, tokens)
 
-    timeout = settings.connect_timeout
-    if timeout is None:
-        text = (found.words("connecttimeout") or [None])[0]
-        try:
-            timeout = float(text) if text else DEFAULT_CONNECT_TIMEOUT
-        except ValueError:
-            raise UsageError(f"{found.origin('connecttimeout')}: ConnectTimeout {text!r} is not a number of "
-                             "seconds") from None
-        if not 0 < timeout <= 600:
-            timeout = DEFAULT_CONNECT_TIMEOUT  # OpenSSH's `ConnectTimeout 0` means none: clusterrun keeps one
+    timeout = connect_timeout_of(found, settings.connect_timeout)
     return SshTarget(alias=host, hostname=hostname, port=port, user=user, identity_files=identities, jump=jump,
                      proxy_command=proxy_command, proxy_origin=proxy_origin, known_hosts=known,
                      global_known_hosts=global_known, host_key_alias=(found.words("hostkeyalias") or [None])[0],
