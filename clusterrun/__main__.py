@@ -13,21 +13,11 @@ def main() -> int:
 
         return run()
     except KeyboardInterrupt:  # Ctrl-C where the command line has not turned it into its own end
+        from clusterrun.waits import exit_without_waiting
+
         print("clusterrun: aborted", file=sys.stderr)
-        _exit_now(130)
+        exit_without_waiting(130)
         return 130
-
-
-def _exit_now(code: int) -> None:
-    """End without joining threads that still wait on a node (a connect to a host that drops every packet lasts
-    its whole connect_timeout); the usual exit where there are none."""
-    import os
-    import threading
-
-    if any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
 
 
 if __name__ == "__main__":

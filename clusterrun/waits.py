@@ -46,3 +46,25 @@ def future_done(future: Future[T], timeout: float) -> bool:
             return False
         wait([future], timeout=slice_of(deadline), return_when=FIRST_COMPLETED)
     return True
+
+
+def exit_without_waiting(code: int) -> None:
+    """After Ctrl-C, end now even where threads still wait on a node (a connect to a host that drops every
+    packet lasts its whole connect_timeout): Python would join them before it exits. What the run had to record is
+    written by then; the nodes' agents stop the job when clusterrun's connections close. Returns (the usual exit
+    follows) when no thread is left."""
+    import contextlib
+    import logging
+    import os
+    import sys
+    import threading
+
+    # A worker of a thread pool is joined at exit even when it is a daemon (it is, when a daemon thread made the
+    # pool): any thread left counts.
+    if not any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)

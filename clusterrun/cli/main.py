@@ -97,26 +97,6 @@ def _warnings_to_stderr() -> None:
         paramiko.addHandler(logging.NullHandler())
 
 
-def _exit_without_waiting(code: int) -> None:
-    """After Ctrl-C, end now even where threads still wait on a node (a connect to a host that drops every
-    packet lasts its whole connect_timeout): Python would join them before it exits. What the run had to record is
-    written by then; the nodes' agents stop the job when clusterrun's connections close."""
-    import contextlib
-    import logging
-    import os
-    import threading
-
-    # A worker of a thread pool is joined at exit even when it is a daemon (it is, when a daemon thread made the
-    # pool): any thread left counts.
-    if not any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
-        return  # nothing to wait for: the usual exit
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    logging.shutdown()
-    os._exit(code)
-
-
 def _explain_foreign(exc: click.NoSuchOption) -> None:
     """Another launcher's flag (``doctor --nnodes 2``): click's message becomes clusterrun's equivalent."""
     from clusterrun.cli.foreign_flags import explain
@@ -142,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("clusterrun: aborted", err=True)
-        _exit_without_waiting(130)
+        from clusterrun.waits import exit_without_waiting
+
+        exit_without_waiting(130)
         return 130
     except click.NoSuchOption as exc:
         _explain_foreign(exc)
