@@ -11,6 +11,12 @@ import time
 from pathlib import Path
 
 
+def node_agents(cluster, names: list[str]) -> list[int]:  # type: ignore[no-untyped-def]
+    """The pids of the node agents on the simulated nodes ``names``, each found by its command line
+    (``... prepare``)."""
+    return [pid for name in names for pid, cmd in cluster.processes(name) if cmd.rstrip().endswith(" prepare")]
+
+
 def med(values: list[float | None]) -> float | None:
     """The median of the values that were measured (None: not measured)."""
     vals = [v for v in values if v is not None]

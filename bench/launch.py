@@ -58,7 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from benchlib import save_results  # noqa: E402
+from benchlib import node_agents, save_results  # noqa: E402
 from simcluster import SimCluster  # noqa: E402
 from simjobs import clusterrun_env, write_inventory  # noqa: E402
 
@@ -449,8 +449,7 @@ class Bench:
         try:
             if wait_lines(started, n, time.perf_counter(), [p], START_TIMEOUT) is None:
                 return {"error": "the job did not start"}
-            agents = [pid for node in self.cluster.nodes[:n] for pid, cmd in self.cluster.processes(node)
-                      if cmd.rstrip().endswith(" prepare")]
+            agents = node_agents(self.cluster, self.hosts(n))
             before = {pid: own_cpu(pid, children=True) for pid in agents}
             time.sleep(seconds)
             after = {pid: own_cpu(pid, children=True) for pid in agents}

@@ -56,7 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from benchlib import fmt, kill_pids, local_session_left, save_results  # noqa: E402
+from benchlib import fmt, kill_pids, local_session_left, node_agents, save_results  # noqa: E402
 from simcluster import SimCluster  # noqa: E402
 from simjobs import clusterrun_env, write_inventory  # noqa: E402
 
@@ -100,11 +100,6 @@ def sample(pid: int) -> dict | None:
         return None
     return {"rss_mib": int(values["VmRSS"].split()[0]) / 1024, "cpu_s": (int(fields[11]) + int(fields[12])) / TICKS,
             "threads": int(values["Threads"]), "fds": fds}
-
-
-def agents_of(cluster: SimCluster, names: list[str]) -> list[int]:
-    """The node agents' pids (each found on its node by its command line, ``... prepare``, as bench/launch.py)."""
-    return [pid for name in names for pid, cmd in cluster.processes(name) if cmd.rstrip().endswith(" prepare")]
 
 
 def sample_agents(pids: list[int]) -> dict:
@@ -250,7 +245,7 @@ def soak(cluster: SimCluster, work: Path, args: argparse.Namespace) -> dict:
             time.sleep(0.2)  # poll step of a deadline-bounded wait
         t0 = time.monotonic()
         res["start_s"] = t0 - launched
-        agents = agents_of(cluster, names)
+        agents = node_agents(cluster, names)
         res["agent_pids"] = agents
         print(f"every rank prints, {res['start_s']:.1f}s after the start; sampling {minutes} minute(s) and "
               f"{len(agents)} node agent(s)", flush=True)
