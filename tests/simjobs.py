@@ -86,7 +86,7 @@ def clusterrun_env() -> dict[str, str]:
 
 def run_clusterrun(*args: str, cwd: Path, timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "clusterrun", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, env=clusterrun_env(), check=False)
+                          timeout=scaled(timeout), stdin=subprocess.DEVNULL, env=clusterrun_env(), check=False)
 
 
 def start_clusterrun(*args: str, cwd: Path) -> subprocess.Popen[str]:

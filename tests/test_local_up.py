@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 from procs import free_port, marked_processes, wait_no_processes
 
 pytest.importorskip("torch", reason="local runs need the torch extra")
@@ -44,7 +45,7 @@ def clusterrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     # A free master port: another job on this machine may hold the default 29500.
     args = (*args[:1], "--master-port", str(free_port()), *args[1:])
     return subprocess.run([sys.executable, "-m", "clusterrun", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
+                          timeout=scaled(RUN_TIMEOUT), stdin=subprocess.DEVNULL, check=False)
 
 
 def only_run(runs: Path) -> Path:
@@ -155,7 +156,8 @@ def test_hang_timeout_takes_every_ranks_stack_and_waits_with_a_reminder(tmp_path
     """--on-hang wait: the stacks and the digest, then a reminder; the job is left to its --timeout. With py-spy
     on this machine's PATH the stacks are py-spy's, otherwise the faulthandler hook's."""
     (tmp_path / "hang.py").write_text(HANG)
-    done = clusterrun("up", "--hang-timeout", "8", "--timeout", "30", LOCAL, "hang.py", cwd=tmp_path)
+    # the job's time limit leaves room for the stacks, the digest and the reminder however busy the machine is
+    done = clusterrun("up", "--hang-timeout", "8", "--timeout", f"{scaled(30):.0f}", LOCAL, "hang.py", cwd=tmp_path)
     assert done.returncode == 124, done.stderr  # stopped by its time limit, not by the hang
     assert "rank 0 in all_reduce (hang.py:16)" in done.stderr and "rank 1 in stuck_here (hang.py:7)" in done.stderr
     assert "(--on-hang wait)" in done.stderr  # the reminder after another 8 s of silence

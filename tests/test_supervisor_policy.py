@@ -438,18 +438,6 @@ def test_node_whose_agent_is_gone_before_go_starts_nothing(tmp_path: Path) -> No
     assert c.transports[node(0)].agents[0].dropped  # its agent stops whatever it started once dropped
 
 
-def test_inventory_run_settings_apply_unless_a_flag_is_given() -> None:
-    from clusterrun.inventory.models import RunSettings
-
-    run = RunSettings(path_watch=False, on_path_loss="warn", hang_timeout=900, on_hang="stop")
-    plain = SupervisorSettings.for_run(run, grace=2.0, timeout=None)
-    assert (plain.path_watch, plain.on_path_loss, plain.hang_timeout, plain.on_hang) == (False, "warn", 900, "stop")
-    flags = SupervisorSettings.for_run(run, grace=2.0, timeout=60, path_watch=True, on_path_loss="stop",
-                                       hang_timeout=30, on_hang="wait")
-    assert (flags.path_watch, flags.on_path_loss, flags.hang_timeout, flags.on_hang) == (True, "stop", 30, "wait")
-    assert SupervisorSettings.for_run(RunSettings(), grace=1.0, timeout=None).path_watch is True
-
-
 def test_a_node_whose_frames_wait_behind_a_backlog_is_not_lost(tmp_path: Path) -> None:
     """clusterrun falls behind (a flood of output, a starved CPU): a node whose answers wait in the queue longer
     than the heartbeat timeout is still heard, from the moment its bytes arrived."""

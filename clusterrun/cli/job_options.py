@@ -7,11 +7,15 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from clusterrun.cli.sources_options import load_nodes, source_options, uses_source
+
+if TYPE_CHECKING:  # loaded when a command runs, not when the CLI starts
+    from clusterrun.inventory.models import Inventory
+    from clusterrun.planning.plan import LaunchPlan
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -112,8 +116,8 @@ def build_job(inventory: Path | None, script: str, script_args: tuple[str, ...],
               runs_dir: Path, sync_dir: Path | None = None, env_forward: tuple[str, ...] = (),
               sources: dict[str, Any] | None = None, rank_order: str | None = None, cpu_bind: str | None = None,
               allow_busy_gpus: bool = False, image: str | None = None,
-              container_runtime: str | None = None) -> tuple[Any, Any]:
-    """Load the nodes and make the plan: returns (inventory, LaunchPlan). Raises ClusterrunError."""
+              container_runtime: str | None = None) -> tuple[Inventory, LaunchPlan]:
+    """Load the nodes and make the plan. Raises ClusterrunError."""
     from clusterrun.errors import UsageError
     from clusterrun.inventory.hostspec import parse_env_assignments
     from clusterrun.inventory.models import Transport

@@ -25,6 +25,7 @@ from clusterrun.agents.link import AgentLink
 from clusterrun.errors import ClusterrunError, StartError, UsageError
 from clusterrun.inventory.models import Inventory
 from clusterrun.launch.console import Console
+from clusterrun.launch.settings import Preflight
 from clusterrun.launch.watch import Link, at_fault
 from clusterrun.planning.plan import LaunchPlan, NodePlan
 from clusterrun.remote import session
@@ -221,15 +222,15 @@ FullCheck = Callable[[Inventory, Mapping[str, Transport], Path], tuple[list[str]
 
 
 def check_paths(inv: Inventory, plan: LaunchPlan, transports: dict[str, Transport], links: Mapping[str, AgentLink],
-                run_dir: RunDir, console: Console, mode: str, full_check: FullCheck | None = None) -> None:
+                run_dir: RunDir, console: Console, mode: Preflight, full_check: FullCheck | None = None) -> None:
     """The connectivity check before the start (``--preflight``), by the nodes' waiting agents (``links``); its
     result goes to preflight.json."""
-    record: dict[str, object] = {"mode": mode}
+    record: dict[str, object] = {"mode": mode.value}
     try:
-        if mode == "off" or plan.nnodes < 2:
-            record["skipped"] = "--preflight off" if mode == "off" else "single node"
+        if mode is Preflight.off or plan.nnodes < 2:
+            record["skipped"] = "--preflight off" if mode is Preflight.off else "single node"
             return
-        if mode == "full":
+        if mode is Preflight.full:
             if full_check is None:
                 raise UsageError("--preflight full needs doctor's network checks, which this caller did not give")
             console.info("running doctor's network checks (--preflight full)...")

@@ -28,7 +28,7 @@ from clusterrun.launch.console import Console
 from clusterrun.launch.outcome import logs_summary
 from clusterrun.launch.phase import Phase, RunPhase, signal_order
 from clusterrun.launch.relay import LogRelay
-from clusterrun.launch.settings import SupervisorSettings
+from clusterrun.launch.settings import OnPathLoss, SupervisorSettings
 from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathWatchState, StragglerWatch, Verdict
 from clusterrun.notify import Notifier
 from clusterrun.planning.planfile import LaunchPlan, NodePlan
@@ -370,7 +370,7 @@ class Supervisor:
         self.live.add_event(event, self.plan.job.attempt)
 
     def _path_lost(self, verdict: Verdict) -> None:
-        if self.settings.on_path_loss == "warn":
+        if self.settings.on_path_loss is OnPathLoss.warn:
             self.console.info(f"{verdict.describe()} (--on-path-loss warn: the job goes on)")
             self.outcome.notes.append(verdict.describe())
             return

@@ -29,7 +29,7 @@ from clusterrun.launch.outcome import (
 from clusterrun.launch.pathcheck import FullCheck, check_paths
 from clusterrun.launch.ready import GpuWait, NodeReady, check_ready, drop, image_lines, remove_archives
 from clusterrun.launch.recover import complete_logs, sweep_nodes
-from clusterrun.launch.settings import RestartSettings, SupervisorSettings
+from clusterrun.launch.settings import LaunchRequest
 from clusterrun.launch.supervisor import Supervisor
 from clusterrun.notify import Notifier
 from clusterrun.planning.complete import plan_with_facts, with_restarts
@@ -40,8 +40,6 @@ from clusterrun.runs.timeline import Timeline, slow_phases
 from clusterrun.transport.base import Transport
 from clusterrun.transport.early import EarlyConnections
 from clusterrun.transport.factory import transport_for
-
-PREFLIGHT_MODES = ("quick", "full", "off")
 
 
 def _new_run_dir(runs_dir: str | Path, inv: Inventory, plan: LaunchPlan) -> tuple[RunDir, LaunchPlan]:
@@ -57,28 +55,26 @@ def _new_run_dir(runs_dir: str | Path, inv: Inventory, plan: LaunchPlan) -> tupl
 
 
 def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
-            settings: SupervisorSettings | None = None, preflight_mode: str = "quick",
-            detach: bool = False, full_check: FullCheck | None = None,
-            notify: Sequence[str] = (), restarts: RestartSettings | None = None,
-            early: EarlyConnections | None = None,
-            on_attempt: Callable[[Path], None] | None = None,
+            request: LaunchRequest | None = None, *, full_check: FullCheck | None = None,
+            early: EarlyConnections | None = None, on_attempt: Callable[[Path], None] | None = None,
             on_open: Callable[[RunDir], None] | None = None) -> tuple[RunRecord | None, RunDir]:
-    """Run ``plan`` to its end. Returns the outcome (of the last attempt) and the run directory.
+    """Run ``plan`` as ``request`` asks (:class:`LaunchRequest`; its defaults without one). Returns the outcome (of
+    the last attempt) and the run directory really used (a new id after a collision, see ``on_open``).
 
     Before each attempt: preflight (every node ready), the plan completed from the nodes' facts, and the
-    connectivity check of ``preflight_mode`` (quick, full or off). With ``detach`` the job is started and
-    left running on its own: the outcome is None. With ``restarts`` a failed attempt is started again (see
+    connectivity check of ``request.preflight``. With ``request.detach`` the job is started and left running on
+    its own: the outcome is None. With ``request.restarts`` a failed attempt is started again (see
     :mod:`clusterrun.launch.outcome` for when not) after what is left of it is gone from every node; nodes
-    that were lost or fail the checks are replaced by spares or left out (:func:`recompose`). ``early``: the
-    nodes' connections, under way since the plan was made (closed here at the end). ``on_attempt``: called
-    with the run directory after each failed attempt that is restarted (its page is written there);
-    ``on_open``: with the run directory once it exists (its id may differ from the plan's, after a collision).
+    that were lost or fail the checks are replaced by spares or left out (:func:`recompose`). ``full_check``:
+    doctor's network checks, for ``--preflight full``. ``early``: the nodes' connections, under way since the
+    plan was made (closed here at the end). ``on_attempt``: called with the run directory after each failed
+    attempt that is restarted (its page is written there); ``on_open``: with the run directory once it exists.
 
     Raises :class:`StartError` when the first attempt could not be started (then nothing runs anywhere).
     ``status.json`` always ends up describing what happened, written atomically.
     """
-    restarts = restarts or RestartSettings()
-    plan = with_restarts(inv, plan, restarts.max_restarts)
+    request = request or LaunchRequest()
+    plan = with_restarts(inv, plan, request.restarts.max_restarts)
     try:
         run_dir, plan = _new_run_dir(runs_dir, inv, plan)
         if on_open is not None:
@@ -91,10 +87,9 @@ def execute(inv: Inventory, plan: LaunchPlan, runs_dir: Path, console: Console,
     except OSError as exc:  # nothing has started: say where and why, and start nothing
         raise ClusterrunError(f"cannot write the run directory in {runs_dir}: {exc.strerror or exc}; free space "
                               "there or choose another with --runs-dir") from exc
-    run = _Run(inv, run_dir, console, settings or SupervisorSettings(), preflight_mode, full_check, restarts,
-               Notifier(notify), early, on_attempt)
+    run = _Run(inv, run_dir, console, request, full_check, early, on_attempt)
     try:
-        return run.first(plan, detach)
+        return run.first(plan)
     finally:
         remove_archives()
         for transport in [*run.transports.values(), *([early] if early else [])]:
@@ -113,12 +108,12 @@ def _links(ready: Mapping[str, NodeReady]) -> dict[str, AgentLink]:
 class _Run:
     """The attempts of one run, from the first start to the last outcome."""
 
-    def __init__(self, inv: Inventory, run_dir: RunDir, console: Console, settings: SupervisorSettings,
-                 preflight_mode: str, full_check: FullCheck | None, restarts: RestartSettings,
-                 notifier: Notifier, early: EarlyConnections | None = None,
+    def __init__(self, inv: Inventory, run_dir: RunDir, console: Console, request: LaunchRequest,
+                 full_check: FullCheck | None, early: EarlyConnections | None = None,
                  on_attempt: Callable[[Path], None] | None = None) -> None:
-        self.inv, self.run_dir, self.console, self.settings = inv, run_dir, console, settings
-        self.preflight_mode, self.full_check, self.restarts, self.notifier = preflight_mode, full_check, restarts, notifier
+        self.inv, self.run_dir, self.console, self.request = inv, run_dir, console, request
+        self.settings, self.restarts = request.supervision, request.restarts
+        self.full_check, self.notifier = full_check, Notifier(request.notify)
         self.early = early  # the first attempt's connections, under way
         self.on_attempt = on_attempt
         self.timeline = Timeline()  # the current attempt's launch, node by node
@@ -127,7 +122,8 @@ class _Run:
         self.attempts: list[AttemptRecord] = []
         self.events: tuple[dict[str, object], ...] = ()  # of every attempt that ended, in order
 
-    def first(self, plan: LaunchPlan, detach: bool) -> tuple[RunRecord | None, RunDir]:
+    def first(self, plan: LaunchPlan) -> tuple[RunRecord | None, RunDir]:
+        detach = self.request.detach
         try:
             nodes = [n.name for n in plan.nodes]
             if detach and self.restarts.max_restarts and self.spares:  # checked now, to stand by on the cluster
@@ -214,8 +210,8 @@ class _Run:
                     self.console.info(f"warning: {warning}")
                 began = time.time()
                 check_paths(inv, plan, self.transports, _links(ready), self.run_dir, self.console,
-                            self.preflight_mode, self.full_check)
-                self.timeline.span(ready, "pathcheck", began, time.time(), mode=self.preflight_mode)
+                            self.request.preflight, self.full_check)
+                self.timeline.span(ready, "pathcheck", began, time.time(), mode=self.request.preflight.value)
             except GpusLeased as exc:  # other runs hold GPUs this one needs: refused, or queued (--wait-gpus)
                 drop(ready)
                 if waits is None or not waits.again(exc):

@@ -26,6 +26,7 @@ from typing import Any
 from clusterrun.facts.flight import behind
 from clusterrun.facts.flight import digest as flight_digest
 from clusterrun.facts.stacks import digest, odd_ones
+from clusterrun.launch.settings import OnHang
 from clusterrun.remote import answers, protocol
 from clusterrun.runs.record import HUNG, Failure
 from clusterrun.runs.stragglers import StragglerJudge
@@ -217,17 +218,17 @@ class HangWatch:
 
     ``send_all(line)`` writes a command to every running agent; ``save(relpath, data)`` keeps a file under the
     run directory (runs/<id>/<node>/stack-rank<R>.txt, flight-rank<R>.json) and returns where; ``say``,
-    ``record`` as for :class:`DataPathWatch`; ``stop(failure)`` is called with ``on_hang == "stop"`` once the
+    ``record`` as for :class:`DataPathWatch`; ``stop(failure)`` is called with ``OnHang.stop`` once the
     digest is out: the failure is the rank the evidence names, on its node (``master``, rank 0's node, when the
     evidence names no one rank).
     """
 
     COLLECT_FOR = 30.0  # seconds to wait for every node's dumps
 
-    def __init__(self, timeout: float, on_hang: str, send_all: Callable[[str], object],
+    def __init__(self, timeout: float, on_hang: OnHang, send_all: Callable[[str], object],
                  save: Callable[[str, bytes], str], say: Callable[[str], None],
                  record: Callable[[dict[str, Any]], None], stop: Callable[[Failure], None], master: str) -> None:
-        self.timeout, self.on_hang = timeout, on_hang
+        self.timeout, self.on_hang = timeout, OnHang(on_hang)
         self.send_all, self.save, self.say, self.record, self.stop = send_all, save, say, record, stop
         self.master = master
         self.last_output = time.monotonic()
@@ -294,7 +295,7 @@ class HangWatch:
                 return
             self._digest(now, silent)
             return
-        if self.diagnosed_at is not None and self.on_hang == "wait" and now - self.diagnosed_at >= self.timeout:
+        if self.diagnosed_at is not None and self.on_hang is OnHang.wait and now - self.diagnosed_at >= self.timeout:
             self.diagnosed_at = now
             self.say(f"still no output for {silent:.0f}s (--on-hang wait); the stacks above are where the ranks "
                      "were; Ctrl-C stops the job")
@@ -312,7 +313,7 @@ class HangWatch:
         self.record({"time": time.time(), "node": "-", "kind": "hang-stacks", "text": "; ".join(lines)})
         if collectives:
             self.record({"time": time.time(), "node": "-", "kind": "hang-collectives", "text": "; ".join(collectives)})
-        if self.on_hang == "stop":
+        if self.on_hang is OnHang.stop:
             rank = self.suspect()
             why = (f"no rank printed anything for {silent:.0f}s (--hang-timeout {self.timeout:g}); "
                    + "; ".join(line.split("   <- ")[0] for line in lines + collectives))

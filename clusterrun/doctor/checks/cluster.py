@@ -41,7 +41,7 @@ def _nics_of(plan: LaunchPlan, ctx: Context, name: str) -> list[tuple[str, str]]
 def allreduce(ctx: Context) -> Iterator[Finding]:
     from clusterrun.facts.hints import failure_hints
     from clusterrun.launch.console import Console
-    from clusterrun.launch.settings import SupervisorSettings
+    from clusterrun.launch.settings import LaunchRequest, SupervisorSettings
     from clusterrun.launch.up import execute
     from clusterrun.planning.plan import JobSpec, build_plan
 
@@ -81,10 +81,10 @@ def allreduce(ctx: Context) -> Iterator[Finding]:
     ctx.progress(f"all-reduce of {opts.allreduce_mib:g} MiB on {plan.world_size} rank(s)")
     out = io.StringIO()
     console = Console(out, out, color=False, quiet=True)
-    settings = SupervisorSettings(timeout=opts.allreduce_timeout)
+    request = LaunchRequest(SupervisorSettings(timeout=opts.allreduce_timeout))
     started = time.monotonic()
     try:
-        outcome, run_dir = execute(ctx.inventory, plan, runs_dir, console, settings)
+        outcome, run_dir = execute(ctx.inventory, plan, runs_dir, console, request)
     except StartError as exc:
         problems = "; ".join(f"{n}: {p}" for n, p in exc.problems.items())
         yield Finding("cluster.allreduce", Verdict.failed, f"could not start the test: {problems}",
