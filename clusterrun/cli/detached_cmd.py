@@ -12,8 +12,6 @@ from typing import Any
 
 import click
 
-#: Seconds between two looks at a running detached run (`attach`, `logs -f`, `down` waiting for the stop).
-LOOK_EVERY = 1.0
 #: Looks in a row that may fail (the node unreachable) before `attach` or `logs -f` stop following.
 MAX_MISSES = 30
 
@@ -46,7 +44,7 @@ def stop_detached(found: Any, grace: float) -> int | None:
     """`down` of a run detached to a supervisor: ask it to stop and wait until the run is stopped and recorded.
     None when the run has no supervisor (the caller sweeps the nodes itself)."""
     from clusterrun.launch.settings import SupervisorSettings
-    from clusterrun.ops.mirror import over, refresh, settle, supervisor_of
+    from clusterrun.ops.mirror import LOOK_EVERY, over, refresh, settle, supervisor_of
     from clusterrun.runs import read_record
 
     host = supervisor_of(found)
@@ -100,7 +98,7 @@ def attach(run: str, runs_dir: Path, lines: int) -> int:
     """
     from clusterrun.detached.host import CONSOLE_LOG
     from clusterrun.errors import UsageError
-    from clusterrun.ops.mirror import over, supervisor_of
+    from clusterrun.ops.mirror import LOOK_EVERY, over, supervisor_of
     from clusterrun.runs import find_run
 
     found = find_run(runs_dir, run)

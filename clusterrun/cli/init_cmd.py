@@ -32,24 +32,10 @@ def init(output: Path | None, force: bool, **sources: Any) -> int:
     if output is not None and output.exists() and not force:
         raise UsageError(f"-o {output}: the file exists; nothing was written (add --force to replace it)")
     inv = load_nodes(None, **sources)
-    from clusterrun.agents.gather import gather
-    from clusterrun.inventory.yaml_source import parse_inventory_text
-    from clusterrun.ops.init import complete, found_gpus, render
-    from clusterrun.planning.plan import JobSpec, build_plan
-    from clusterrun.transport.factory import open_node_transports
+    from clusterrun.ops.init import inventory_text
 
     click.echo(f"clusterrun: probing {len(inv.nodes)} node(s)...", err=True)
-    plan = build_plan(inv, JobSpec(script="-", run_id="init"))
-    transports = open_node_transports(inv)
-    try:
-        ready = gather(plan, transports)
-    finally:
-        for transport in transports.values():
-            transport.close()
-    completed, ssh = complete(inv, ready)
-    gpus = found_gpus(ready)
-    text = render(completed, gpus, ssh, "clusterrun " + " ".join(sys.argv[1:]))
-    parse_inventory_text(text, str(output or "<init>"))  # what is written must load: a failure here is a bug
+    text = inventory_text(inv, "clusterrun " + " ".join(sys.argv[1:]), str(output or "<init>"))
     if output is None:
         click.echo(text, nl=False)
     else:

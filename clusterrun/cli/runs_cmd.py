@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ import click
 
 from clusterrun.cli.pages import leave_page
 from clusterrun.cli.run_args import RUN_ARG, RUNS_DIR
-from clusterrun.cli.status_text import when
 from clusterrun.remote import protocol
 
 
@@ -27,6 +25,7 @@ def runs(runs_dir: Path, as_json: bool) -> int:
     """List the runs in the runs directory: id, state, nodes, ranks, start, duration, exit code."""
     from clusterrun.cli.detached_cmd import refreshed
     from clusterrun.runs import list_runs, run_record
+    from clusterrun.runs.timeline import when
 
     rows = []
     for run in list_runs(runs_dir):
@@ -158,56 +157,19 @@ Examples:
               "escaped, colours kept; the log files are always byte-exact).")
 def logs(run: str, runs_dir: Path, node: str | None, rank: int | None, follow: bool, raw: bool) -> int:
     """Print a run's rank logs, each line prefixed [node:rank] (RUN: an id, a unique part of one, or last)."""
-    from clusterrun.cli.detached_cmd import LOOK_EVERY, refreshed
+    from clusterrun.cli.detached_cmd import refreshed
     from clusterrun.launch.console import safe
-    from clusterrun.runs import RunState, find_run, run_record
+    from clusterrun.ops.tail import NoLogs, Printer, print_logs
+    from clusterrun.runs import find_run
 
     found = find_run(runs_dir, run)
     out = sys.stdout.write if raw else (lambda text: sys.stdout.write(safe(text)))
-    supervised = refreshed(found) is not None  # a detached run's logs come from its supervisor's record
-    if run_record(found).state is RunState.detached:
-        return _remote_logs(found, node, rank, follow, out)
-    offsets: dict[Path, int] = {}
-    heads: dict[Path, bytes] = {}  # each file's first bytes as read: a file that begins otherwise is another one
-    pending: dict[Path, bytes] = {}
-    while True:
-        record = run_record(found)
-        going = follow and record.state in (RunState.starting, RunState.running)
-        logs = found.rank_logs(node, rank)
-        if not logs and not going:
-            if record.state is RunState.detached:  # it was detached while we waited: follow it on its nodes
-                return _remote_logs(found, node, rank, follow, out)
-            raise _no_logs(found, record, node, rank)
-        for name, r, path in logs:
-            with open(path, "rb") as fh:
-                head = heads.get(path, b"")
-                if fh.read(len(head)) != head:  # another file in its place (a restart's next attempt): from its start
-                    offsets[path], heads[path] = 0, b""
-                    pending.pop(path, None)
-                fh.seek(offsets.get(path, 0))
-                data = pending.pop(path, b"") + fh.read()
-                offsets[path] = fh.tell()
-                if len(heads.get(path, b"")) < 256:
-                    fh.seek(0)
-                    heads[path] = fh.read(min(offsets[path], 256))
-            *lines, rest = data.split(b"\n")
-            if rest:
-                pending[path] = rest  # half a line: wait for the rest
-            for line in lines:
-                out(f"[{name}:{r}] {line.decode('utf-8', errors='replace')}\n")
-        sys.stdout.flush()
-        if not going:
-            for path, rest in pending.items():
-                out(f"[{path.parent.name}:{path.stem[4:]}] {rest.decode('utf-8', errors='replace')}\n")
-            for event in record.events:  # what the watch saw, after the lines
-                if node is None or event.get("node") == node:
-                    out(f"[clusterrun] {when(event.get('time'))} {event.get('node')}: {event.get('text')}\n")
-            return 0
-        if supervised:
-            time.sleep(LOOK_EVERY)
-            refreshed(found, quiet=True)
-        else:
-            time.sleep(0.5)
+    printer = Printer(out, sys.stdout.flush, lambda text: click.echo(text, err=True))
+    try:
+        return print_logs(found, node, rank, follow=follow, printer=printer,
+                          refresh=lambda quiet: refreshed(found, quiet=quiet), ended=leave_page)
+    except NoLogs as exc:
+        raise _no_logs(found, exc.record, node, rank) from None
 
 
 @click.command(epilog="""\b
@@ -246,34 +208,3 @@ def down(run: str, runs_dir: Path, grace: float) -> int:
         leave_page(found.path)
     return 1 if failed else 0
 
-
-def _remote_logs(found: Any, node: str | None, rank: int | None, follow: bool,
-                 out: Callable[[str], object]) -> int:
-    """A detached run's logs live on its nodes: read them there (every 2 s with -f, until nothing of it runs)."""
-    from clusterrun.ops.logs import fetch, record_detached_end
-
-    received: dict[tuple[str, int, str], int] = {}
-    unreachable_rounds = 0
-    while True:
-        results = fetch(found, received)
-        for name, r in results.items():
-            for rk, data in r.by_rank().items():
-                if (node is None or name == node) and (rank is None or rk == rank):
-                    for line in data.decode("utf-8", errors="replace").splitlines():
-                        out(f"[{name}:{rk}] {line}\n")
-            if r.problem:
-                click.echo(f"clusterrun: {name}: {r.problem}", err=True)
-        sys.stdout.flush()
-        problems = any(r.problem for r in results.values())
-        unreachable_rounds = unreachable_rounds + 1 if problems else 0
-        if not problems and not any(r.alive for r in results.values()):
-            record_detached_end(found, results)
-            leave_page(found.path)
-            return 0
-        if not follow:
-            return 0
-        if unreachable_rounds >= 15:  # about 30 s without reaching every node: give up following
-            click.echo("clusterrun: stopped following: a node stayed unreachable; run `clusterrun logs` again later",
-                       err=True)
-            return 1
-        time.sleep(2.0)

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import click
-
-
-def when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
 def energy_line(energy: Any) -> str | None:
@@ -47,6 +42,7 @@ def print_status(found: Any) -> None:
     """The run's state, per node and rank what happened, its launch timeline, attempts, events and notes."""
     from clusterrun.runs import run_record
     from clusterrun.runs.record import signal_name
+    from clusterrun.runs.timeline import when
 
     record = run_record(found)
     plan = found.read_plan()

@@ -13,10 +13,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from clusterrun.agents.gather import gather
 from clusterrun.facts.nics import reconcile
 from clusterrun.facts.node import ProbedNode, read_facts
 from clusterrun.inventory.models import Inventory, Nic
+from clusterrun.inventory.yaml_source import parse_inventory_text
 from clusterrun.planning.network import resolve_data_network
+from clusterrun.planning.plan import JobSpec, build_plan
+from clusterrun.transport.factory import open_node_transports
 
 
 @dataclass(frozen=True)
@@ -92,3 +96,20 @@ def complete(inv: Inventory, ready: Mapping[str, ProbedNode]) -> tuple[Inventory
     """``inv`` with every node's probed NICs, and the addresses SSH reached (from ``agents.gather``)."""
     facts, _unknown, ssh = read_facts(ready)
     return reconcile(inv, facts).inventory, ssh
+
+
+def inventory_text(inv: Inventory, command: str, source: str = "<init>") -> str:
+    """The commented inventory of ``inv``'s nodes from what they report over SSH (each probed once, its connection
+    closed after), said to be written by ``command``. It is loaded back as ``source`` first: what is written must
+    load, so a failure there is a bug."""
+    plan = build_plan(inv, JobSpec(script="-", run_id="init"))
+    transports = open_node_transports(inv)
+    try:
+        ready = gather(plan, transports)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    completed, ssh = complete(inv, ready)
+    text = render(completed, found_gpus(ready), ssh, command)
+    parse_inventory_text(text, source)
+    return text

@@ -28,6 +28,8 @@ from clusterrun.transport.base import Transport
 from clusterrun.transport.factory import transport_for
 
 MIRROR_TIMEOUT = 60.0
+#: Seconds between two looks at a running detached run (`attach`, `logs -f`, `down` waiting for the stop).
+LOOK_EVERY = 1.0
 #: Record files that stay as this machine has them (the stop request: the supervisor's own). The plan is the
 #: supervisor's: a restart without a lost node (``--min-nodes``) runs on fewer nodes than this machine planned.
 KEPT = ("inventory.json", mirror.STOP_REQUEST, "notify-sent.json")

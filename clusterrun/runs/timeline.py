@@ -114,6 +114,11 @@ def size(count: float) -> str:
     return f"{count:.0f} B"
 
 
+def when(ts: float | None) -> str:
+    """An epoch time as this machine's local time, to the second (``-`` for none)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
 def describe(node: str, phase: str, span: PhaseSpan) -> str:
     """``crn5: staging 31 s, 2.1 GB copied``."""
     text = f"{node}: {phase} {span.seconds or 0:.0f} s" if (span.seconds or 0) >= 10 else \
