@@ -6,7 +6,7 @@ iproute2, iptables and openssh, the bed also slurm-wlm and munge (``.ci/install-
 their tests are skipped, or fail when the ``CI`` environment variable is set, so CI never passes by skipping them.
 
 Timing bounds scale with the machine's load (tests/loadscale.py): each test holds one load factor, sampled
-before it starts.
+before it starts, and its own time limit (pytest-timeout's ``timeout``) stretches by the same factor.
 """
 
 from __future__ import annotations
@@ -76,10 +76,18 @@ def slurm_bed(cluster_requirements: None) -> Iterator[SlurmBed]:
         cluster.stop()
 
 
-@pytest.fixture(autouse=True)
-def _load_factor() -> None:
-    """Each test's timing bounds scale by one factor: the machine's load as the test starts."""
-    loadscale.hold()
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Each test's timing bounds scale by one factor, the machine's load as the test starts; so does the test's
+    own time limit (set here, before pytest-timeout reads it), or a test whose bounds stretched would be cut
+    off by it."""
+    factor = loadscale.hold()
+    limit = item.config.getini("timeout")  # pytest-timeout's, from pyproject.toml
+    marker = item.get_closest_marker("timeout")
+    base = marker.args[0] if marker is not None and marker.args else limit
+    if base and factor > 1:
+        item.add_marker(pytest.mark.timeout(float(base) * factor), append=False)
+    yield
 
 
 @pytest.fixture(autouse=True)
