@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import socket
 import struct
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from loadscale import scaled
 from procs import marked_processes
@@ -159,6 +161,55 @@ def ranks_of(line: str) -> int:
         return 1
     return sum(int(b) - int(a) + 1 if "-" in part else 1
                for part in ranks.split(",") for a, _, b in [part.partition("-")])
+
+
+#: A line of up's terminal: ``[where:ranks] text``, or ``[where] text`` for torchrun's own lines (``where`` a node or
+#: a hostlist of nodes, ``ranks`` the global ranks as ranges). A long list is shortened with a count:
+#: ``[w[0,2,…](64 nodes):0,2,…(256 ranks)]``.
+LABELLED = re.compile(r"^\[(?P<where>.*?)(?::(?P<ranks>[\d,-]+?)(?:,…\((?P<count>\d+) ranks\))?)?\] (?P<text>.*)$")
+#: The text of a note on later copies of a folded line (docs/up.md "Identical lines folded").
+NOTE = re.compile(r'^\(the line "(?P<text>.*)" also came from (?:these \d+ ranks|this rank), up to [\d.]+ s after '
+                  r"\[.*\]; not shown again\)$")
+
+
+class Shown(NamedTuple):
+    """A rank line of up's terminal: the nodes and ranks named (``count`` ranks; ``ranks`` lists fewer when the
+    prefix was shortened), the line (the line quoted, for a note on later copies), whether a note."""
+
+    where: str
+    ranks: list[int]
+    count: int
+    text: str
+    note: bool
+
+
+def rank_set(ranks: str) -> list[int]:
+    """The ranks of a prefix's rank ranges: ``0-2,5`` is [0, 1, 2, 5]."""
+    out: list[int] = []
+    for part in ranks.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def shown_lines(terminal: list[str]) -> list[Shown]:
+    """The rank lines of ``terminal``, in order; torchrun's own lines are left out. Every line must have a prefix."""
+    out = []
+    for line in terminal:
+        m = LABELLED.match(line)
+        assert m, line
+        if m["ranks"] is not None:
+            note = NOTE.match(m["text"])
+            ranks = rank_set(m["ranks"])
+            out.append(Shown(m["where"], ranks, int(m["count"] or len(ranks)), note["text"] if note else m["text"],
+                             bool(note)))
+    return out
+
+
+def labelled(terminal: list[str]) -> list[tuple[list[int], str, bool]]:
+    """The rank lines shown: the ranks named, the line (the line quoted, for a note on later copies), whether a
+    note. torchrun's own lines are left out."""
+    return [(shown.ranks, shown.text, shown.note) for shown in shown_lines(terminal)]
 
 
 def assert_nothing_left(cluster: SimCluster, run_id: str, timeout: float = 10.0) -> None:

@@ -22,6 +22,7 @@ from clusterrun.launch.fold import (
     HOLD,
     LATE,
     MAX_HELD,
+    MAX_SHOWN,
     NOTE_QUIET,
     WARMUP,
     Folder,
@@ -415,3 +416,20 @@ def test_after_the_output_ended_a_restarted_job_lines_are_new_lines() -> None:
     console.rank_output("n1", 1, "stdout", b"banner\n")  # the next attempt, n0 left out: not a later copy
     console.tick(final=True)
     assert out.getvalue() == "[n0:0] banner\n[n1:1] banner\n"
+
+
+def test_a_flood_of_lines_one_rank_prints_does_not_make_a_later_copy_a_new_line() -> None:
+    """Seen at 32 nodes x 2 ranks: every rank prints the same banner, then lines of its own by the thousand. A
+    copy coming a second after the banner was shown, behind thousands of other ranks' own lines, is still noted
+    (within LATE), whether the banner was shown folded or alone and a copy came before the flood."""
+    folder = Folder()
+    a, b, c, d, e = (("n0", 0), ("n0", 1), ("n1", 2), ("n2", 3), ("n3", 4))
+    out = [*folder.add(a, ["banner", "alone"], 0.0), *folder.add(b, ["banner"], 0.0), *folder.due(HOLD)]
+    out += folder.add(c, ["alone"], 2 * HOLD)  # a later copy of a line shown alone
+    flood = [[f"R03 L{i:05d} a line only this rank prints" for i in range(j, j + 40)] for j in range(0, 3 * MAX_SHOWN, 40)]
+    for lines in flood:  # 40 lines a write
+        out += folder.add(d, lines, 3 * HOLD)
+    out += folder.due(4 * HOLD)
+    out += [*folder.add(e, ["banner", "alone"], 1.0), *folder.add(c, ["banner"], 1.0), *folder.flush(2.0)]
+    assert out == [Line((a, b), ["banner"]), Line((a,), ["alone"]), *(Line((d,), lines) for lines in flood),
+                   Note((c, e), "alone", (a,), 1 - HOLD), Note((e, c), "banner", (a, b), 1 - HOLD)]

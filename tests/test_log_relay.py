@@ -21,7 +21,16 @@ from pathlib import Path
 
 import pytest
 from simcluster import SimCluster
-from simjobs import agent_of, assert_nothing_left, fault_mid_run, run_clusterrun, status, the_run, write_inventory
+from simjobs import (
+    agent_of,
+    assert_nothing_left,
+    fault_mid_run,
+    labelled,
+    run_clusterrun,
+    status,
+    the_run,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -53,32 +62,6 @@ out.flush()
 """
 
 NUMBERED = re.compile(r"R(\d{4}) L(\d{9}) x+$")
-LABELLED = re.compile(r"^\[(?P<where>.*?)(?::(?P<ranks>[\d,-]+))?\] (?P<text>.*)$")
-NOTE = re.compile(r'^\(the line "(?P<text>.*)" also came from (?:these \d+ ranks|this rank), up to [\d.]+ s after '
-                  r"\[.*\]; not shown again\)$")
-
-
-def _rank_set(ranks: str) -> list[int]:
-    out: list[int] = []
-    for part in ranks.split(","):
-        lo, _, hi = part.partition("-")
-        out += range(int(lo), int(hi or lo) + 1)
-    return out
-
-
-def _labelled(terminal: list[str]) -> list[tuple[list[int], str, bool]]:
-    """The rank lines shown: the ranks named, the line (the line quoted, for a note on later copies), whether a
-    note. torchrun's own lines are left out."""
-    out = []
-    for line in terminal:
-        m = LABELLED.match(line)
-        assert m, line
-        if m["ranks"] is not None:
-            note = NOTE.match(m["text"])
-            out.append((_rank_set(m["ranks"]), note["text"] if note else m["text"], bool(note)))
-    return out
-
-
 def _numbered(lines: list[str]) -> tuple[Counter[tuple[int, int]], list[str]]:
     """Counts of (rank, line number) among whole numbered lines, and the lines that look numbered but are not whole."""
     seen: Counter[tuple[int, int]] = Counter()
@@ -114,7 +97,7 @@ def test_flood_every_line_once_and_whole_in_terminal_and_runs(sim_cluster: SimCl
     _assert_every_line_once(*_numbered(terminal), world, "terminal")
     # The long line is shown shortened, with a mark; the bar at a bounded rate (stdout is a pipe here). Both are
     # the same on every rank: shown once under the ranks whose copies came together, the others named in notes.
-    shown = _labelled(terminal)
+    shown = labelled(terminal)
     long_shown = [(ranks, text, note) for ranks, text, note in shown if text.startswith("yyyy")]
     assert sorted(rank for ranks, _, _ in long_shown for rank in ranks) == list(world)
     assert all(note or ("more characters" in text and len(text) < 20_000) for _, text, note in long_shown)
@@ -233,7 +216,7 @@ def test_lines_every_rank_prints_are_shown_once_and_every_rank_log_holds_them(si
     world = range(NODES * NPROC)
     shown: Counter[str] = Counter()  # how many lines each text got
     named: Counter[tuple[str, int]] = Counter()  # how often each rank is named for each text, in lines and notes
-    for ranks, text, note in _labelled(done.stdout.splitlines()):
+    for ranks, text, note in labelled(done.stdout.splitlines()):
         shown[text] += not note
         for rank in ranks:
             named[(text, rank)] += 1

@@ -21,7 +21,9 @@ copies of each. :class:`Folder` sorts the lines the terminal is about to show in
   written that this rank has no copy of yet; when there is none (the rank prints it once more), it is a
   new line, written again. Blank lines are never noted (a note would say nothing). Written lines are
   remembered in two generations of :data:`MAX_SHOWN`, so in a flood of distinct lines a copy is found
-  among the last few thousand.
+  among the last few thousand; a line known to be printed by several ranks (written folded, or a copy
+  came) is remembered apart, so that a flood of lines only one rank prints (64 ranks' training logs right
+  after their shared banners) cannot push it out before its later copies come.
 
 Pure: times come in, lines go out as :class:`Line` and :class:`Note`; the rank logs are written
 elsewhere and always hold every line. Standard library only (it runs on the nodes too).
@@ -125,12 +127,35 @@ def _copy(record: _Record, key: Key, now: float) -> _Copies | None:
     return record if record.add(key, now) else None
 
 
+class _Memory:
+    """Written lines, for their later copies: two generations of at most :data:`MAX_SHOWN` texts, the older
+    dropped whole when the newer is full or :data:`LATE` old (so remembering costs a few dictionary
+    operations per line)."""
+
+    __slots__ = ("older", "shown", "since")
+
+    def __init__(self) -> None:
+        self.shown: dict[str, _Entry] = {}
+        self.older: dict[str, _Entry] = {}
+        self.since = float("-inf")  # when ``shown`` began
+
+    def current(self, now: float) -> dict[str, _Entry]:
+        """The generation a line written ``now`` goes to."""
+        if now - self.since >= LATE or len(self.shown) >= MAX_SHOWN:
+            self.older, self.shown, self.since = self.shown, {}, now
+        return self.shown
+
+
+def _at(record: _Record) -> float:
+    return record[1] if isinstance(record, tuple) else record.at
+
+
 class Folder:
     """Folds the lines of many ranks (or many nodes' torchrun); used by one thread.
 
     Held lines are kept as the batches they came in, so that a flood of distinct lines costs a few
-    dictionary operations per line; written lines are remembered in two generations of at most
-    :data:`MAX_SHOWN` (the older one dropped whole), for the same reason.
+    dictionary operations per line; written lines are remembered in a :class:`_Memory`, for the same reason:
+    one for lines only one key printed so far, one for lines several keys printed.
     """
 
     def __init__(self) -> None:
@@ -138,9 +163,8 @@ class Folder:
         self._held = 0  # lines held
         self._keys: dict[Key, deque[_Batch]] = {}  # per key: its held batches, in its order
         self._index: dict[str, _Batch | list[_Batch]] = {}  # per held text: its batch (one per copy held)
-        self._shown: dict[str, _Entry] = {}  # written lines, for their later copies
-        self._older: dict[str, _Entry] = {}  # ... the generation before
-        self._since = float("-inf")  # when ``_shown`` began
+        self._alone = _Memory()  # written lines one key printed, for their later copies
+        self._shared = _Memory()  # ... several keys printed (written folded, or a later copy came)
         self._late: dict[_Copies, str] = {}  # written lines with later copies not noted yet, and their texts
         self._start: float | None = None
         self._last: tuple[Key | None, float] = (None, float("-inf"))  # the latest line's key and time
@@ -160,9 +184,11 @@ class Folder:
     def add(self, key: Key, texts: list[str], now: float) -> list[Line | Note]:
         """Lines ``key`` printed at ``now``; returns what to write now, in order."""
         out = self.due(now) if self._queue else []
-        shown, older = self._shown, self._older
-        if shown or older:
-            texts = [text for text in texts if not ((text in shown or text in older) and self._later(key, text, now))]
+        alone, older = self._alone.shown, self._alone.older
+        shared, before = self._shared.shown, self._shared.older
+        if alone or older or shared or before:
+            texts = [text for text in texts if not ((text in alone or text in older or text in shared or text in before)
+                                                    and self._later(key, text, now))]
         hold = self.busy(key, now) or key in self._keys
         if not texts:
             return out
@@ -214,23 +240,31 @@ class Folder:
         later copies (a note on one would say nothing)."""
         if not text.strip():
             return False
-        for generation in (self._older, self._shown):
-            entry = generation.get(text)
-            if entry is None:
+        found = []  # (record, its generation, its place in the generation's list or -1, whether alone), oldest first
+        for memory in (self._alone, self._shared):
+            for generation in (memory.older, memory.shown):
+                entry = generation.get(text)
+                if isinstance(entry, list):
+                    found += [(record, generation, i, memory is self._alone) for i, record in enumerate(entry)]
+                elif entry is not None:
+                    found.append((entry, generation, -1, memory is self._alone))
+        found.sort(key=lambda item: _at(item[0]))
+        for record, generation, i, alone in found:
+            copies = _copy(record, key, now)
+            if copies is None:
                 continue
-            if isinstance(entry, list):
-                for i, record in enumerate(entry):
-                    copies = _copy(record, key, now)
-                    if copies is not None:
-                        entry[i] = copies
-                        break
+            if alone:
+                # its first copy: remembered where a flood of lines one rank prints cannot push it out
+                entry = generation[text]
+                if isinstance(entry, list) and len(entry) > 1:
+                    del entry[i]
                 else:
-                    continue
-            else:
-                copies = _copy(entry, key, now)
-                if copies is None:
-                    continue
+                    del generation[text]
+                _append(self._shared.shown, text, copies, MAX_TIMES)  # (turned only as lines are written)
+            elif i < 0:
                 generation[text] = copies
+            else:
+                generation[text][i] = copies  # type: ignore[index]
             self._late[copies] = text
             return True
         return False
@@ -315,9 +349,7 @@ class Folder:
             for copies, text in list(self._late.items()):
                 if text in again:
                     self._note(text, copies, out)
-        if now - self._since >= LATE or len(self._shown) >= MAX_SHOWN:
-            self._older, self._shown, self._since = self._shown, {}, now
-        shown, record = self._shown, (keys, now)
+        shown, record = (self._alone if len(keys) == 1 else self._shared).current(now), (keys, now)
         fresh = dict.fromkeys(texts, record)
         if len(fresh) == len(texts) and shown.keys().isdisjoint(fresh):  # the common case, kept short
             shown.update(fresh)
