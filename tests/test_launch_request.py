@@ -33,7 +33,7 @@ def test_the_inventory_applies_unless_a_flag_is_given() -> None:
     s = flags.supervision
     assert (s.path_watch, s.on_path_loss, s.hang_timeout, s.on_hang, s.sample_every) == (
         True, OnPathLoss.stop, 30, OnHang.wait, 5)
-    assert (s.timeout, s.grace, s.wait_gpus) == (60, 2.0, 90)
+    assert (s.timeout, s.grace, flags.wait_gpus) == (60, 2.0, 90)
     assert (flags.restarts.max_restarts, flags.restarts.min_nodes, flags.restarts.backoff) == (0, 1, 0)
     assert flags.preflight is Preflight.off and flags.detach and flags.terminal.fold
     # --notify adds to the inventory's webhooks

@@ -73,7 +73,6 @@ class SupervisorSettings:
     hang_timeout: float | None = None  # no output from any rank for this long: every rank's stack, a digest
     on_hang: OnHang = OnHang.wait  # after the digest: wait, or stop the job
     load_every: float = 3.0  # seconds between the agents' CPU reports (stragglers); 0: none
-    wait_gpus: float | None = None  # ``up --wait-gpus``: seconds to queue for leased GPUs (inf: no limit)
     sample_every: float = 1.0  # seconds between the nodes' samples of NICs, ranks and GPUs (0: none)
 
     def __post_init__(self) -> None:  # from JSON (a detached run's spec) the modes come as their values
@@ -125,6 +124,7 @@ class LaunchRequest:
     detach: bool = False  # start the job, hand it to its supervisor on rank 0's node and return
     notify: tuple[str, ...] = ()  # webhooks told of the start, a failure and the end
     terminal: Terminal = field(default_factory=Terminal)
+    wait_gpus: float | None = None  # ``--wait-gpus``: seconds to queue for GPUs other runs lease (inf: no limit)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "preflight", Preflight(self.preflight))
@@ -144,7 +144,7 @@ class LaunchRequest:
         supervision = SupervisorSettings(
             grace=grace, timeout=time_limit, path_watch=run.path_watch if path_watch is None else path_watch,
             on_path_loss=OnPathLoss(on_path_loss or run.on_path_loss), hang_timeout=hang_timeout or run.hang_timeout,
-            on_hang=OnHang(on_hang or run.on_hang), wait_gpus=wait_gpus,
+            on_hang=OnHang(on_hang or run.on_hang),
             sample_every=run.sample_every if sample_every is None else sample_every)
         restarts = RestartSettings(
             max_restarts=run.max_restarts if max_restarts is None else max_restarts,
@@ -153,4 +153,4 @@ class LaunchRequest:
         shown = frozenset(ranks) if ranks is not None else None
         folds = (run.fold if fold is None else fold) and world_size > 1 and (shown is None or len(shown) > 1)
         return cls(supervision, restarts, Preflight(preflight), detach, (*run.notify, *notify),
-                   Terminal(shown, quiet, raw, folds))
+                   Terminal(shown, quiet, raw, folds), wait_gpus)

@@ -177,7 +177,8 @@ class _Run:
                  attempt: AttemptRecord) -> tuple[LaunchPlan, dict[str, NodeReady], AttemptRecord]:
         """Check the attempt's nodes and complete its plan. A node that fails the checks is replaced by a spare or
         left out (with ``--min-nodes``) and the others are checked again; otherwise :class:`StartError`."""
-        waits = GpuWait(self.settings.wait_gpus, self.console.info) if self.settings.wait_gpus is not None else None
+        wait = self.request.wait_gpus
+        waits = GpuWait(wait, self.console.info) if wait is not None else None
         drops = 0
         while drops <= len(self.inv.nodes):
             self._open(plan)
