@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 from procs import wait_no_processes
 
 from clusterrun import remote
@@ -193,7 +194,7 @@ def test_a_run_without_optional_keys_runs_with_the_defaults(tmp_path: Path) -> N
                 break
     finally:
         proc.stdin.close()
-        rc = proc.wait(timeout=60)
+        rc = proc.wait(timeout=scaled(60))
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     assert rc == 0, err
     kinds = [f.event["ev"] for f in got]

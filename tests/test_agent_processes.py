@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from loadscale import scaled
 
 from clusterrun.remote import procs
 
@@ -20,14 +21,14 @@ def process_tree() -> Iterator[subprocess.Popen[bytes]]:
     """sh with two sleeps of its own and a subshell with a sleep: five processes under the test, three levels."""
     p = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & (sleep 30 & wait) & wait"], start_new_session=True)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while len(procs._descendants_by_scan(p.pid)) < 4 and time.monotonic() < deadline:
             time.sleep(0.02)  # poll step of a deadline-bounded wait for the tree to form
         yield p
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=10)
+        p.wait(timeout=scaled(10))
 
 
 def test_the_tree_from_the_kernels_children_lists_is_the_tree_from_the_parents() -> None:
@@ -47,5 +48,5 @@ def test_without_children_lists_every_process_is_read(monkeypatch: pytest.Monkey
 
 def test_a_process_that_is_gone_has_no_descendants() -> None:
     p = subprocess.Popen(["true"])
-    p.wait(timeout=10)
+    p.wait(timeout=scaled(10))
     assert procs.descendants(p.pid) == []

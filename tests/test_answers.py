@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loadscale import scaled
 
 from clusterrun import remote
 from clusterrun.agents import spec as specs
@@ -209,7 +210,7 @@ def test_the_ready_check_and_the_path_probes_of_a_real_agent_fit_their_specs(tmp
         try:
             link.check(specs.check_spec(str(tmp_path / "run"), cache=str(tmp_path / "cache"), hashes=["ab12"],
                                         port=None, choose_port=True, run_id="answers-2", node=node))
-            ready = link.answer((session.READY, protocol.ERROR), time.monotonic() + 60)
+            ready = link.answer((session.READY, protocol.ERROR), time.monotonic() + scaled(60))
             assert isinstance(ready, answers.Ready), ready
             assert ready.report.python == sys.version.split()[0] and ready.report.missing == ["ab12"]
             assert isinstance(ready.report.master_port, int)
@@ -296,7 +297,7 @@ def test_a_malformed_answer_ends_the_link_with_a_reason_that_names_node_and_fiel
 def test_a_malformed_answer_before_the_job_is_a_connect_error_that_says_why() -> None:
     link = AgentLink("crn2", Scripted(protocol.encode({"ev": "ready", "report": {"python": 3}})))
     with pytest.raises(ConnectError, match=r"'ready' event has 'report\.python' int 3, not str"):
-        link.answer((session.READY, protocol.ERROR), time.monotonic() + 10)
+        link.answer((session.READY, protocol.ERROR), time.monotonic() + scaled(10))
 
 
 def test_a_malformed_answer_of_a_mode_run_to_its_end_is_a_protocol_error() -> None:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loadscale import scaled, until
 from simcluster import SimCluster
 from simjobs import run_clusterrun, start_clusterrun, write_inventory
 
@@ -39,6 +40,17 @@ if rank == 5:
     print("rank 5 gives up", flush=True)
     sys.exit(7)
 time.sleep(300)
+"""
+#: Ticks until the test says stop (a file appears; 600 s at most), so that the job outlives whatever the test
+#: does meanwhile, however busy the machine is.
+TICK_UNTIL = """
+import os, sys, time
+stop, deadline, i = sys.argv[1], time.monotonic() + 600, 0
+while not os.path.exists(stop) and time.monotonic() < deadline:
+    print("tick", i, "rank", os.environ["RANK"], flush=True)
+    i += 1
+    time.sleep(1)
+print("done rank", os.environ["RANK"], flush=True)
 """
 #: Seconds a detached run's nodes may take to stop after a failure here (every node stops within about a second
 #: of the failure on an idle machine; this bound is for a loaded one).
@@ -148,7 +160,7 @@ def test_two_downs_at_once_both_return_and_stop_the_run_once(sim_cluster: SimClu
     run_id = detach(inv, tmp_path, "sleep.py")
     wait_running(sim_cluster, run_id, {"node0", "node1"})
     downs = [start_clusterrun("down", run_id, "--grace", "1", cwd=tmp_path) for _ in range(2)]
-    results = [p.communicate(timeout=120) for p in downs]
+    results = [p.communicate(timeout=scaled(120)) for p in downs]
     assert [p.returncode for p in downs] == [0, 0], results
     assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}
     record = status(run_id, tmp_path)
@@ -166,7 +178,7 @@ def test_down_during_the_stop_of_a_failed_run_keeps_its_first_failure(sim_cluste
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('holding on', flush=True)\ntime.sleep(300)\n")
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     run_id = detach(inv, tmp_path, "slow.py", "--grace", "8")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while time.monotonic() < deadline and (status(run_id, tmp_path).get("first_failure") is None):
         time.sleep(0.5)
     done = run_clusterrun("down", run_id, cwd=tmp_path)
@@ -189,34 +201,34 @@ def _reader(proc: subprocess.Popen[str], lines: list[str]) -> threading.Thread:
 
 
 def test_attach_shows_the_run_live_and_ctrl_c_leaves_it_running(sim_cluster: SimCluster, tmp_path: Path) -> None:
-    (tmp_path / "tick.py").write_text(TICKER.replace("range(4)", "range(12)"))
+    (tmp_path / "tick.py").write_text(TICK_UNTIL)
+    stop = tmp_path / "stop"  # the nodes see this machine's files
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
-    run_id = detach(inv, tmp_path, "tick.py")
+    run_id = detach(inv, tmp_path, "tick.py", args=(str(stop),))
     first = start_clusterrun("attach", run_id, cwd=tmp_path)
     second = start_clusterrun("attach", run_id, cwd=tmp_path)
     seen: tuple[list[str], list[str]] = ([], [])
     readers = [_reader(first, seen[0]), _reader(second, seen[1])]
-    deadline = time.monotonic() + 90
+
     def both_saw() -> bool:
         return all(any("[node0:0] tick 2 rank 0" in x for x in s) and any("[node1:1] tick 2 rank 1" in x for x in s)
                    for s in seen)
 
-    while time.monotonic() < deadline and not both_saw():
-        time.sleep(0.2)
-    assert both_saw(), seen  # both see the output
+    assert until(both_saw, 90), seen  # both see the output
     first.send_signal(signal.SIGINT)
     # Each stdout has its reader thread: only wait here (communicate would read stdout too, and split the lines).
-    assert first.wait(timeout=30) == 0
+    assert first.wait(timeout=scaled(30)) == 0
     assert first.stderr is not None and f"detached from run {run_id}; it goes on" in first.stderr.read()
     assert set(sim_cluster.job_processes(run_id)) == {"node0", "node1"}  # still running
-    code = second.wait(timeout=120)
+    stop.touch()  # the job ends now
+    code = second.wait(timeout=scaled(120))
     for reader in readers:
-        reader.join(timeout=5)
+        reader.join(timeout=scaled(5))
     assert second.stderr is not None
     assert code == 0, second.stderr.read()
     shown = "".join(seen[1])
     assert f"run {run_id}: succeeded" in shown, shown[-3000:]  # the summary at the end
-    assert [x for x in shown.splitlines() if x.startswith("[node1:1] tick")][-1] == "[node1:1] tick 11 rank 1"
+    assert [x for x in shown.splitlines() if x.startswith("[node1:1] ")][-1] == "[node1:1] done rank 1"
     assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}
 
 
@@ -260,7 +272,7 @@ def test_rank0s_node_cut_off_the_others_stop_by_themselves(sim_cluster: SimClust
     wait_running(sim_cluster, run_id, {"node0", "node1", "node2"})
     sim_cluster.partition("node0")
     # node1 and node2 no longer hear the supervisor: their agents stop the job by themselves (heartbeat bound).
-    deadline = time.monotonic() + 15 + STOP_BOUND
+    deadline = time.monotonic() + scaled(15) + STOP_BOUND
     while time.monotonic() < deadline and set(sim_cluster.job_processes(run_id)) - {"node0"}:
         time.sleep(0.2)
     assert set(sim_cluster.job_processes(run_id)) <= {"node0"}
@@ -335,7 +347,7 @@ def test_down_during_a_restarts_backoff_stops_the_run_before_another_attempt(sim
     inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     (tmp_path / "once.py").write_text(FAILS_ONCE)
     run_id = detach(inv, tmp_path, "once.py", "--max-restarts", "2", "--restart-backoff", "60")
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + scaled(90)
     while time.monotonic() < deadline:
         run_clusterrun("status", run_id, cwd=tmp_path)
         console = tmp_path / "runs" / run_id / "console.log"
@@ -357,7 +369,7 @@ def _cut_while_training(cluster: SimCluster, cwd: Path, run_id: str, victim: int
     """Once rank 0 reports step 20 (every rank reduces), node ``victim`` falls off both networks; `logs -f`
     follows the run to its end, which must be a success. ``idle``: a node that must run none of the job until
     then (a spare). Returns what `logs -f` printed and the record."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while time.monotonic() < deadline:
         if "step 20" in run_clusterrun("logs", run_id, "--node", "node0", cwd=cwd).stdout:
             break

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 import pytest
+from loadscale import scaled
 from simcluster import SimCluster
 from simjobs import write_inventory
 
@@ -68,7 +69,7 @@ def test_the_transport_carries_on_over_the_connection_dialled_first(sim_cluster:
 
     inv_path = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
     assert first_dial.dial_nodes(["up", str(inv_path), "train.py"]) == 2
-    deadline = time.monotonic() + 30  # each host is resolved (`ssh -G`) in a thread of its own, then dialled
+    deadline = time.monotonic() + scaled(30)  # each host is resolved (`ssh -G`) in a thread of its own, then dialled
     while len(dial.dialled()) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(dial.dialled()) == 2
@@ -122,12 +123,12 @@ def test_giving_up_the_dials_wakes_a_connect_waiting_on_one() -> None:
 
             thread = threading.Thread(target=taker)
             thread.start()
-            deadline = time.monotonic() + 10  # until the taker holds the dial (taken, still under way)
+            deadline = time.monotonic() + scaled(10)  # until the taker holds the dial (taken, still under way)
             while dial.dialled() and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert not dial.dialled() and thread.is_alive()
             dial.forget()
-            thread.join(timeout=10)
+            thread.join(timeout=scaled(10))
             assert not thread.is_alive() and got and "given up" in str(got[0])
         finally:
             for sock in queued:

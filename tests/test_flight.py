@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 from procs import free_port
 
 from clusterrun import remote
@@ -160,7 +161,7 @@ def test_a_worker_without_torch_distributed_says_so(tmp_path: Path) -> None:
                             env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while not os.path.exists(os.path.join(flight.folder(run_dir), f"ask-{proc.pid}")):
             assert time.monotonic() < deadline
             time.sleep(0.05)

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 from simjobs import clusterrun_env
 
 from clusterrun.errors import GpusLeased
@@ -61,7 +62,7 @@ def holders(lease_env: dict[str, str]):
     yield start
     for proc in started:
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
 
 
 def test_a_leased_gpu_is_refused_naming_the_run_user_and_start(holders) -> None:
@@ -78,7 +79,7 @@ def test_leases_are_free_once_their_holder_is_killed(holders) -> None:
     holder = holders("20261125-170000-ab12", "0,1", port=0)
     assert set(leases.held(leases.GPU)) == {"0", "1"}
     os.kill(holder.pid, signal.SIGKILL)
-    holder.wait(timeout=10)
+    holder.wait(timeout=scaled(10))
     # The lock files stay, but nobody holds them: free.
     assert sorted(p.name for p in Path(leases.lease_dir()).iterdir()) == ["gpu0.lock", "gpu1.lock"]
     assert leases.held(leases.GPU) == {}

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 from simcluster import SimCluster
 from simjobs import (
     assert_nothing_left,
@@ -50,7 +51,7 @@ def test_dead_data_nic_is_named_and_the_job_stopped_within_seconds(sim_cluster: 
         run = the_run(tmp_path)
         sim_cluster.drop_nic("node2", "data")
         fault = time.monotonic()
-        _out, err = proc.communicate(timeout=90)
+        _out, err = proc.communicate(timeout=scaled(90))
         took = time.monotonic() - fault
     finally:
         if proc.poll() is None:
@@ -77,12 +78,12 @@ def test_on_path_loss_warn_reports_and_lets_the_job_run(sim_cluster: SimCluster,
         wait_for_lines(proc, 3, "working")
         run = the_run(tmp_path)
         sim_cluster.drop_nic("node1", "data")
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while "path-verdict" not in str(status(run).get("events")) and time.monotonic() < deadline:
             time.sleep(0.2)
         # The job would stay blocked in torchrun's exit barrier without its data network: bring it back.
         sim_cluster.restore_nic("node1", "data")
-        _out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=scaled(120))
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 from simcluster import SimCluster
 from simjobs import run_clusterrun, start_clusterrun, status, the_run, write_inventory
 
@@ -108,18 +109,18 @@ def _run_and_partition(sim_cluster: SimCluster, tmp_path: Path, inv: Path, victi
     for t in readers:
         t.start()
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while not any("step 20" in line for line in out) and time.monotonic() < deadline:
             assert proc.poll() is None, "".join(err)[-3000:]
             time.sleep(0.2)
         sim_cluster.partition(victim)  # the node falls off both networks in the middle of training
-        proc.wait(timeout=300)
+        proc.wait(timeout=scaled(300))
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         for t in readers:
-            t.join(timeout=10)
+            t.join(timeout=scaled(10))
         sim_cluster.heal(victim)
     return proc.returncode, "".join(out), "".join(err)
 

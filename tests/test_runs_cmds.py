@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 from simcluster import SimCluster
 from simjobs import (
     ROOT,
@@ -97,7 +98,7 @@ def test_logs_follow_started_before_any_output_waits_for_the_run(tmp_path: Path)
     (tmp_path / "slow.py").write_text(SLOW_START)
     proc = start_clusterrun("up", str(LOCAL), "slow.py", cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while not list(tmp_path.glob("runs/*/status.json")) and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             time.sleep(0.05)
@@ -105,7 +106,7 @@ def test_logs_follow_started_before_any_output_waits_for_the_run(tmp_path: Path)
         assert not list(run.glob("*/rank*.log"))  # nothing written yet
         follow = run_clusterrun("logs", "-f", cwd=tmp_path, timeout=120)
         assert follow.returncode == 0, follow.stderr
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=scaled(60)) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -133,7 +134,7 @@ def test_down_stops_what_a_hung_agent_left_behind(sim_cluster: SimCluster, tmp_p
         for pid in agents:
             os.kill(pid, signal.SIGSTOP)
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
         assert json.loads(run_clusterrun("status", "--json", cwd=tmp_path).stdout)["state"] == "lost"
         # Each node's sshd has seen its connection end (what a live agent would act on): the job is still there.
         for node in ("node0", "node1"):

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 
 from clusterrun.remote import gpuloop, ranksockets, sampler
 from clusterrun.runs import traffic
@@ -246,7 +247,7 @@ def test_a_hanging_nvidia_smi_is_a_gap_killed_and_started_again_while_samples_go
         assert len(samples) > hung  # the sampler never waited on it
     finally:
         stop.set()
-        thread.join(timeout=10)
+        thread.join(timeout=scaled(10))
     assert not thread.is_alive()
 
 
@@ -274,7 +275,7 @@ def test_an_unforeseen_failure_is_a_gap_and_the_next_sample_comes(tree: tuple[Pa
     samples: list[dict] = []
     stop = threading.Event()
     thread = s.start(0.01, samples.append, stop, until=lambda: len(samples) >= 3)
-    thread.join(timeout=10)
+    thread.join(timeout=scaled(10))
     assert samples[0]["gaps"]["sampler"] == "RuntimeError: boom"
     assert "nics" in samples[1]
 
@@ -299,7 +300,7 @@ def test_a_gpu_run_has_gpu_series_other_processes_and_an_energy_figure(tree: tup
         _until(lambda: sum(1 for x in samples if len(x.get("gpus", {})) == 2) >= 5 and "others" in samples[-1])
     finally:
         stop.set()
-        thread.join(timeout=10)
+        thread.join(timeout=scaled(10))
     with_gpus = [x for x in samples if "gpus" in x]
     assert with_gpus[-1]["gpus"]["1"]["power"] == 250.0 and with_gpus[-1]["others"] == {"777": {"gpu": 1, "mem": 5000.0}}
     used = traffic.energy({"n": with_gpus})

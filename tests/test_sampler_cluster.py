@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 
 from clusterrun.runs.traffic import WrongNicJudge
 
@@ -89,7 +90,7 @@ def _traffic(cluster, to: str, mib: int, pause: float, rank_env: dict[str, str])
         received = int(receiver.stdout.readline().strip())
     finally:
         receiver.kill()
-        receiver.wait(timeout=10)
+        receiver.wait(timeout=scaled(10))
     assert received == mib << 20
     return json.loads(done.stdout)
 

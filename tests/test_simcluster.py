@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 from simcluster import MAX_NODES, SimCluster, SimNode, _machine_lock, sweep_stale_clusters
 
 pytestmark = pytest.mark.cluster
@@ -209,7 +210,7 @@ def test_stop_sshd_refuses_new_connections_but_keeps_open_sessions(sim_cluster: 
     finally:
         if session.poll() is None:
             session.kill()
-            session.wait(timeout=5)
+            session.wait(timeout=scaled(5))
 
     sim_cluster.start_sshd(n1)
     assert ssh(sim_cluster, n1.name, "hostname").stdout.strip() == n1.name
@@ -313,13 +314,13 @@ def test_stop_leaves_nothing_behind() -> None:
             time.sleep(0.05)  # poll step of a deadline-bounded wait for the session to open
         assert blackhole_ok()
     try:
-        assert background.wait(timeout=5) != 0  # killed with the node
-        assert session.wait(timeout=10) != 0  # its server side is gone
+        assert background.wait(timeout=scaled(5)) != 0  # killed with the node
+        assert session.wait(timeout=scaled(10)) != 0  # its server side is gone
     finally:
         for proc in (background, session):
             if proc.poll() is None:
                 proc.kill()
-                proc.wait(timeout=5)
+                proc.wait(timeout=scaled(5))
     assert system_state(cluster.prefix) == {"netns": [], "links": [], "iptables": [], "processes": [], "workdirs": []}
     assert not is_running(listener) and not is_running(remote_pid)
     assert cluster.leftovers() == []
@@ -357,11 +358,11 @@ def test_nothing_is_left_when_the_owner_fails_is_interrupted_or_killed(how: str)
             owner.send_signal(signal.SIGINT)
         elif how == "sigkill":
             owner.kill()
-        _, err = owner.communicate(timeout=30)
+        _, err = owner.communicate(timeout=scaled(30))
     finally:
         if owner.poll() is None:
             owner.kill()
-            owner.wait(timeout=5)
+            owner.wait(timeout=scaled(5))
     if how == "raise":
         assert "AssertionError: a failing test" in err
     elif how == "sigint":

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from loadscale import scaled
 
 from clusterrun.errors import CommandTimeout, ConnectError, TransportError, UsageError
 from clusterrun.inventory.models import HostKeyPolicy, SshSettings
@@ -106,7 +107,7 @@ def stalling_sshd(tmp_path: Path) -> Iterator[Server]:
             listener.close()
             for server_side in transports:
                 server_side.close()
-            thread.join(timeout=5)
+            thread.join(timeout=scaled(5))
 
 
 @contextlib.contextmanager

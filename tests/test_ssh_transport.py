@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 from simcluster import SimCluster
 from simjobs import CONNECT_TIMEOUT, run_clusterrun, write_inventory
 
@@ -230,4 +231,4 @@ def test_an_aead_cipher_is_preferred_and_a_server_without_one_still_connects(sim
             assert _cipher(t) == "aes128-ctr"
     finally:
         sshd.kill()
-        sshd.wait(timeout=10)
+        sshd.wait(timeout=scaled(10))

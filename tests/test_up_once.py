@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 from simcluster import SimCluster
 from simjobs import clusterrun_env, run_clusterrun, the_run, write_inventory
 
@@ -84,7 +85,7 @@ def test_master_port_in_use_is_refused_and_no_agent_waits(sim_cluster: SimCluste
         done = run_clusterrun("up", "--master-port", str(PORT), str(inv), "worker.py", cwd=tmp_path)
     finally:
         holder.kill()
-        holder.wait(timeout=10)
+        holder.wait(timeout=scaled(10))
     assert done.returncode == 125, done.stderr
     assert f"node0: master port {PORT} is already in use on this node" in done.stderr
     assert "--master-port" in done.stderr
@@ -156,16 +157,16 @@ def test_agents_end_when_clusterrun_is_killed_before_the_job(sim_cluster: SimClu
                              "worker.py"], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=clusterrun_env())
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while len(agents_left(sim_cluster, 3)) < 3 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         assert len(agents_left(sim_cluster, 3)) == 3, "the agents never started"
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=10)
+            proc.wait(timeout=scaled(10))
     assert not wait_no_agents(sim_cluster, 3), "agents outlived the clusterrun that started them"
 
 

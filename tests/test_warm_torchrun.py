@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 
 from clusterrun import remote
 from clusterrun.agents import spec as specs
@@ -114,20 +115,20 @@ class Prepared:
         spec = protocol.RUN.fill({"run_id": self.run_id, "node": "n1", "argv": argv, "env": env,
                                   "run_dir": str(self.run_dir), "heartbeat_timeout": 0.0})
         self.send(f"go {protocol.encode_spec(spec)}")
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while not (self.run_dir / "exit.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         return self.end()
 
     def end(self) -> list[dict]:
-        out, err = self.proc.communicate(timeout=60)
+        out, err = self.proc.communicate(timeout=scaled(60))
         assert b"Traceback" not in err, err.decode(errors="replace")
         return [f.event for f in frames([out])]
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=scaled(10))
 
 
 def children(pid: int) -> list[int]:
@@ -211,5 +212,5 @@ def test_a_killed_agent_takes_its_warm_torchrun_with_it(agent: Prepared) -> None
     agent.check({})
     pid = agent.warm_pid()
     os.kill(agent.proc.pid, signal.SIGKILL)  # the agent alone, as the OOM killer would
-    agent.proc.wait(timeout=10)
+    agent.proc.wait(timeout=scaled(10))
     assert gone(pid), "the warm torchrun outlived its SIGKILLed agent"
