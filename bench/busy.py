@@ -55,7 +55,9 @@ def main() -> int:
                 os._exit(0)
         hogs.append(pid)
     samples: list[tuple[float, float]] = []
-    proc = subprocess.Popen(command)
+    # SIGINT as a terminal gives it, even where this script was started with it ignored (a background job of a
+    # shell without job control): ignored, it would stay ignored in the command and its children.
+    proc = subprocess.Popen(command, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         while True:
             try:

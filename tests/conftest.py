@@ -12,12 +12,19 @@ before it starts, and its own time limit (pytest-timeout's ``timeout``) stretche
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import loadscale
 import pytest
 from simcluster import SimCluster, missing_requirements
 from slurmbed import SlurmBed, slurm_missing
+
+# A shell without job control starts its background commands with SIGINT ignored, and their children inherit it
+# (`python -m pytest &` in a script): Ctrl-C would then reach neither this process nor the clusterruns the tests
+# start, and every test of Ctrl-C would fail. The tests need Ctrl-C as a terminal gives it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SIM_CLUSTER_NODES = 4
 SLURM_BED_NODES = 4
