@@ -173,12 +173,19 @@ def test_hang_timeout_takes_every_ranks_stack_and_waits_with_a_reminder(tmp_path
 
 
 WATCHDOG_DUMP = """
-import os, sys
+import os, sys, time
 rank = os.environ["RANK"]
+prefix = os.environ["TORCH_FR_DUMP_TEMP_FILE"]
 # What torch's watchdog does when a collective times out with the flight recorder on: its dump, at the prefix
 # it was given, with the rank appended.
-with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + rank, "wb") as fh:
+with open(prefix + rank, "wb") as fh:
     fh.write(b"dump of rank " + rank.encode())
+if rank == "1":  # every rank's watchdog has dumped before the first one fails (rank 0 may start later)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if os.path.exists(prefix + "0") and open(prefix + "0", "rb").read() == b"dump of rank 0":
+            break
+        time.sleep(0.05)
 sys.exit(1 if rank == "1" else 0)
 """
 
