@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from loadscale import scaled, until
 
+from clusterrun.launch.settings import OnHang
 from clusterrun.launch.watch import DataPathWatch, Endpoint, HangWatch, PathLoss, PathWatchState
 from clusterrun.remote.answers import Flight, Stack
 from clusterrun.remote.decode import decode
@@ -171,7 +172,7 @@ def _hang(stacks: dict[int, str], flights: dict[int, bytes]) -> tuple[list[Failu
     and what it said."""
     stopped: list[Failure] = []
     said: list[str] = []
-    hang = HangWatch(10.0, "stop", lambda line: None, lambda rel, data: f"/runs/r1/{rel}", said.append,
+    hang = HangWatch(10.0, OnHang.stop, lambda line: None, lambda rel, data: f"/runs/r1/{rel}", said.append,
                      lambda event: None, stopped.append, "n0")
     hang.last_output = 0.0
     hang.tick(10.0, {"n0", "n1"}, stopping=False)  # the silence: every rank's stack is asked for

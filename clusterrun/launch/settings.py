@@ -143,8 +143,8 @@ class LaunchRequest:
         rank in the job, and more than one shown."""
         supervision = SupervisorSettings(
             grace=grace, timeout=time_limit, path_watch=run.path_watch if path_watch is None else path_watch,
-            on_path_loss=OnPathLoss(on_path_loss or run.on_path_loss), hang_timeout=hang_timeout or run.hang_timeout,
-            on_hang=OnHang(on_hang or run.on_hang),
+            on_path_loss=on_path_loss or run.on_path_loss, hang_timeout=hang_timeout or run.hang_timeout,
+            on_hang=on_hang or run.on_hang,
             sample_every=run.sample_every if sample_every is None else sample_every)
         restarts = RestartSettings(
             max_restarts=run.max_restarts if max_restarts is None else max_restarts,
@@ -152,5 +152,5 @@ class LaunchRequest:
             backoff=run.restart_backoff if restart_backoff is None else restart_backoff)
         shown = frozenset(ranks) if ranks is not None else None
         folds = (run.fold if fold is None else fold) and world_size > 1 and (shown is None or len(shown) > 1)
-        return cls(supervision, restarts, Preflight(preflight), detach, (*run.notify, *notify),
+        return cls(supervision, restarts, preflight, detach, (*run.notify, *notify),
                    Terminal(shown, quiet, raw, folds), wait_gpus)

@@ -228,7 +228,7 @@ class HangWatch:
     def __init__(self, timeout: float, on_hang: OnHang, send_all: Callable[[str], object],
                  save: Callable[[str, bytes], str], say: Callable[[str], None],
                  record: Callable[[dict[str, Any]], None], stop: Callable[[Failure], None], master: str) -> None:
-        self.timeout, self.on_hang = timeout, OnHang(on_hang)
+        self.timeout, self.on_hang = timeout, on_hang
         self.send_all, self.save, self.say, self.record, self.stop = send_all, save, say, record, stop
         self.master = master
         self.last_output = time.monotonic()
