@@ -208,3 +208,29 @@ def test_a_hang_the_evidence_pins_on_no_one_rank_stays_on_the_master() -> None:
     assert "rank 3: no flight recorder dump came back" in said[-1]
     assert [(f.node, f.rank) for f in stopped] == [("n0", None)]
     assert stopped[0].describe().startswith("n0: hung: no rank printed anything")
+
+
+def test_output_while_the_stacks_are_taken_ends_that_silence_and_the_next_one_is_diagnosed() -> None:
+    # The job's workers came up just after a silence was judged (containers slow to start): their first line
+    # arrives while the stacks are being taken. That job is not hung; its next silence is.
+    stopped: list[Failure] = []
+    said: list[str] = []
+    asked: list[str] = []
+    hang = HangWatch(3.0, OnHang.stop, asked.append, lambda rel, data: f"/runs/r1/{rel}", said.append,
+                     lambda event: None, stopped.append, "n0")
+    hang.last_output = 0.0
+    hang.tick(3.0, {"n0", "n1"}, stopping=False)
+    assert len(asked) == 1  # every rank's stack asked for
+    hang.output(3.2)  # a rank prints while they are taken
+    hang.on_done("n0")
+    hang.on_done("n1")
+    hang.tick(3.4, {"n0", "n1"}, stopping=False)
+    assert stopped == [] and said[-1] == "the job prints again"
+    hang.tick(6.1, {"n0", "n1"}, stopping=False)  # 2.9 s since that line: not yet
+    assert len(asked) == 1
+    hang.tick(6.3, {"n0", "n1"}, stopping=False)  # the real silence: asked again, and this one stops the job
+    assert len(asked) == 2 and said[-1].startswith("no rank has printed anything for 3s")
+    hang.on_done("n0")
+    hang.on_done("n1")
+    hang.tick(6.5, {"n0", "n1"}, stopping=False)
+    assert [(f.node, f.rank) for f in stopped] == [("n0", None)]

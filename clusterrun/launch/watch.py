@@ -301,7 +301,11 @@ class HangWatch:
                      "were; Ctrl-C stops the job")
 
     def _digest(self, now: float, silent: float) -> None:
-        self.collecting_since, self.diagnosed_at = None, now
+        # A rank that printed while the stacks were being taken ended this silence (a job whose workers came up
+        # just after it was judged): the digest still shows where the ranks were, but the job is not stopped, and
+        # the next silence is diagnosed again.
+        printed = self.collecting_since is not None and self.last_output > self.collecting_since
+        self.collecting_since, self.diagnosed_at = None, (None if printed else now)
         lines = digest(self.dumps) if self.dumps else ["no rank's stack could be taken (no worker found)"]
         collectives = flight_digest(self.flights, set(self.dumps)) if self.flights else []
         where = sorted({str(Path(p).parent) for p in self.where})
@@ -313,6 +317,9 @@ class HangWatch:
         self.record({"time": time.time(), "node": "-", "kind": "hang-stacks", "text": "; ".join(lines)})
         if collectives:
             self.record({"time": time.time(), "node": "-", "kind": "hang-collectives", "text": "; ".join(collectives)})
+        if printed:
+            self.say("the job prints again")
+            return
         if self.on_hang is OnHang.stop:
             rank = self.suspect()
             why = (f"no rank printed anything for {silent:.0f}s (--hang-timeout {self.timeout:g}); "
