@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import loadscale
 import pytest
@@ -27,7 +30,30 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SIM_CLUSTER_NODES = 4
+ROOT = Path(__file__).resolve().parent.parent
 SLURM_BED_NODES = 4
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop at once when the ``clusterrun`` that other processes import is not this checkout's.
+
+    The CLI runs and the simulated cluster's nodes start ``python`` outside this directory: they import the
+    installed clusterrun. Installed from another checkout, or no longer installed, the suite would test another
+    tree, or fail by the dozen on "No module named clusterrun".
+    """
+    probe = "import clusterrun, os; print(os.path.dirname(os.path.realpath(clusterrun.__file__)))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], cwd="/", env=env, capture_output=True, text=True,
+                              timeout=loadscale.scaled(60), check=False)
+    except subprocess.TimeoutExpired:
+        pytest.exit(f"{sys.executable} -c 'import clusterrun' did not return within 60 s", returncode=4)
+    found = done.stdout.strip() if done.returncode == 0 else None
+    if found != str(ROOT / "clusterrun"):
+        where = f"installed from {found}, not from this checkout ({ROOT})" if found else \
+            f"not installed (this checkout: {ROOT})"
+        pytest.exit(f"clusterrun is {where}: the CLI runs and the simulated nodes would not test this "
+                    f"tree. Install it from here: cd {ROOT} && pip install -e '.[torch,test]'", returncode=4)
 
 
 @pytest.fixture(scope="session")

@@ -1086,11 +1086,11 @@ def _end_child(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.terminate()
     try:
-        proc.wait(timeout=2)
+        proc.wait(timeout=scaled(2))
     except subprocess.TimeoutExpired:
         proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=2)
+            proc.wait(timeout=scaled(2))
 
 
 def _signal_and_wait(pids: list[int], sig: int, grace: float, still_ours: Callable[[int], bool]) -> None:

@@ -432,3 +432,42 @@ def test_a_spare_checked_at_the_start_takes_a_lost_workers_place(sim_cluster: Si
     assert shown == [f"attempt 1 rank {r} world 3 torchelastic 1" for r in range(3)]
     assert "spare node3 takes its place" in (tmp_path / "runs" / run_id / "console.log").read_text()
     assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}
+
+
+def test_a_record_without_a_supervisor_has_its_logs_read_on_the_nodes(sim_cluster: SimCluster,
+                                                                       tmp_path: Path) -> None:
+    # A run detached by a clusterrun before supervised detach has no supervisor.json: `logs` reads each rank's
+    # log on its node (ops/tail.py follow_nodes), `logs -f` follows them there until nothing of the run is left,
+    # and then records its end here from what the nodes report.
+    (tmp_path / "tick.py").write_text(TICK_UNTIL)
+    stop = tmp_path / "stop"  # the nodes see this machine's files
+    inv = write_inventory(sim_cluster, tmp_path / "cluster.yaml", 2, nproc=1)
+    run_id = detach(inv, tmp_path, "tick.py", args=(str(stop),))
+    (tmp_path / "runs" / run_id / "supervisor.json").unlink()
+    assert status(run_id, tmp_path)["state"] == "detached"
+
+    def ticked(twice: bool) -> bool:
+        out = run_clusterrun("logs", run_id, cwd=tmp_path).stdout.splitlines()
+        return all(f"[node{r}:{r}] tick {1 if twice else 0} rank {r}" in out for r in (0, 1))
+
+    assert until(lambda: ticked(True), 90)  # without -f: what each node has so far, and back
+    assert status(run_id, tmp_path)["state"] == "detached"  # a look without -f records no end
+    follow = start_clusterrun("logs", run_id, "-f", cwd=tmp_path)
+    seen: list[str] = []
+    reader = _reader(follow, seen)
+    assert until(lambda: all(any(x.startswith(f"[node{r}:{r}] tick 2 ") for x in seen) for r in (0, 1)), 90), seen
+    stop.touch()  # the job ends now
+    assert follow.wait(timeout=scaled(120)) == 0, follow.stderr.read() if follow.stderr else ""
+    reader.join(timeout=scaled(5))
+    for r in (0, 1):
+        mine = [x.rstrip("\n") for x in seen if x.startswith(f"[node{r}:{r}] ")]
+        ticks = [x for x in mine if " tick " in x]
+        # Every line once, in order, from the first: nothing lost or repeated between two reads on the node.
+        assert ticks == [f"[node{r}:{r}] tick {i} rank {r}" for i in range(len(ticks))], mine
+        assert mine[-1] == f"[node{r}:{r}] done rank {r}", mine
+    record = status(run_id, tmp_path)
+    assert (record["state"], record["exit_code"]) == ("succeeded", 0), record
+    for r in (0, 1):  # the whole logs are here now
+        log = (tmp_path / "runs" / run_id / f"node{r}" / f"rank{r}.log").read_text()
+        assert log.startswith(f"tick 0 rank {r}\n") and log.endswith(f"done rank {r}\n")
+    assert sim_cluster.wait_no_processes(run_id, STOP_BOUND) == {}
