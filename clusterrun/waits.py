@@ -5,12 +5,19 @@ raises KeyboardInterrupt) only in the main thread, and only when that thread wak
 thread that is connecting to a node which drops every packet, a main thread waiting without a bound on that node
 would not stop until the connect gave up (minutes, with a long ``connect_timeout``). So every wait on a node
 that the main thread makes goes in slices of at most :data:`WAKE_S` seconds.
+
+Each of those waits also goes in :func:`ctrl_c_whole`, and so do the fan-out to the nodes, ``up``'s start and the
+command line as a whole: a Ctrl-C that lands inside a lock-based wait (a queue's ``get``, an event's or a future's
+wait, a thread's start) just after the wait released its lock leaves the ``with`` around it to release the lock
+again, and the KeyboardInterrupt comes out as ``RuntimeError: release unlocked lock``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TypeVar
 
@@ -18,6 +25,22 @@ T = TypeVar("T")
 
 #: The longest the main thread sleeps at once while it waits on something else.
 WAKE_S = 0.5
+
+
+#: What a lock-based wait raises when Ctrl-C tore it (CPython's messages: threading's Lock, and RLock).
+_TORN = ("release unlocked lock", "cannot release un-acquired lock")
+
+
+@contextlib.contextmanager
+def ctrl_c_whole() -> Iterator[None]:
+    """Around a wait in the main thread: a Ctrl-C that tore the wait's lock comes out as the KeyboardInterrupt it
+    is, not as the RuntimeError the lock's release raised after it."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt) and str(exc) in _TORN:
+            raise exc.__context__ from None
+        raise
 
 
 def slice_of(deadline: float | None) -> float:
@@ -32,7 +55,8 @@ def queue_get(source: queue.Queue[T], timeout: float) -> T:
     deadline = time.monotonic() + max(0.0, timeout)
     while True:
         try:
-            return source.get(timeout=slice_of(deadline))
+            with ctrl_c_whole():
+                return source.get(timeout=slice_of(deadline))
         except queue.Empty:
             if time.monotonic() >= deadline:
                 raise
@@ -44,7 +68,8 @@ def future_done(future: Future[T], timeout: float) -> bool:
     while not future.done():
         if time.monotonic() >= deadline:
             return False
-        wait([future], timeout=slice_of(deadline), return_when=FIRST_COMPLETED)
+        with ctrl_c_whole():
+            wait([future], timeout=slice_of(deadline), return_when=FIRST_COMPLETED)
     return True
 
 

@@ -111,10 +111,12 @@ def _explain_foreign(exc: click.NoSuchOption) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; clusterrun's own errors become a message on stderr and their exit code."""
     from clusterrun.errors import ClusterrunError
+    from clusterrun.waits import ctrl_c_whole
 
     _warnings_to_stderr()
     try:
-        result = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
+        with ctrl_c_whole():  # a Ctrl-C that tore a lock's wait comes out as Ctrl-C (clusterrun.waits)
+            result = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
     except ClusterrunError as exc:
         from clusterrun.launch.console import safe
 

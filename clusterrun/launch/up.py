@@ -40,6 +40,7 @@ from clusterrun.runs.timeline import Timeline, slow_phases
 from clusterrun.transport.base import Transport
 from clusterrun.transport.early import EarlyConnections
 from clusterrun.transport.factory import transport_for
+from clusterrun.waits import ctrl_c_whole
 
 
 def _new_run_dir(runs_dir: str | Path, inv: Inventory, plan: LaunchPlan) -> tuple[RunDir, LaunchPlan]:
@@ -125,15 +126,16 @@ class _Run:
     def first(self, plan: LaunchPlan) -> tuple[RunRecord | None, RunDir]:
         detach = self.request.detach
         try:
-            nodes = [n.name for n in plan.nodes]
-            if detach and self.restarts.max_restarts and self.spares:  # checked now, to stand by on the cluster
-                plan = self._planned(nodes, self.spares, plan.job)
-            plan, ready, attempt = self._prepare(plan, AttemptRecord(0, nodes))
-            if detach:
-                self._detach(plan, ready)
-                return None, self.run_dir
-            notify_start(self.notifier, plan, str(self.run_dir.path))
-            outcome = self._run(plan, ready, attempt)
+            with ctrl_c_whole():  # a Ctrl-C that tore a lock's wait is recorded as Ctrl-C (clusterrun.waits)
+                nodes = [n.name for n in plan.nodes]
+                if detach and self.restarts.max_restarts and self.spares:  # checked now, to stand by on the cluster
+                    plan = self._planned(nodes, self.spares, plan.job)
+                plan, ready, attempt = self._prepare(plan, AttemptRecord(0, nodes))
+                if detach:
+                    self._detach(plan, ready)
+                    return None, self.run_dir
+                notify_start(self.notifier, plan, str(self.run_dir.path))
+                outcome = self._run(plan, ready, attempt)
         except StartError as exc:
             self._write(read_record(self.run_dir).replace(state=RunState.not_started, pid=None, ended=time.time(),
                                                           problems=dict(exc.problems)))
@@ -289,7 +291,8 @@ class _Run:
                 return outcome, plan
             last = decision.signature
             try:
-                plan, outcome = self._again(plan, outcome, attempt)
+                with ctrl_c_whole():
+                    plan, outcome = self._again(plan, outcome, attempt)
             except (StartError, CannotContinue) as exc:
                 why = f"{exc}" if isinstance(exc, CannotContinue) else "; ".join(
                     f"{n}: {w}" for n, w in exc.problems.items())

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from clusterrun.errors import ClusterrunError, CommandTimeout
-from clusterrun.waits import slice_of
+from clusterrun.waits import ctrl_c_whole, slice_of
 
 T = TypeVar("T")
 N = TypeVar("N")
@@ -54,25 +54,26 @@ def fan_out(nodes: Iterable[N], name: Callable[[N], str], fn: Callable[[N], T], 
     futures: dict[Future[T], str] = {}
     interrupted = True  # until the loop ends by itself: Ctrl-C (or a bug) does not wait for nodes still busy
     try:
-        futures = {pool.submit(fn, n): name(n) for n in nodes}
-        end = None if deadline is None else time.monotonic() + deadline
-        pending = set(futures)
-        while pending:  # in slices: a Ctrl-C that the kernel gave another thread is seen (clusterrun.waits)
-            done, pending = wait(pending, timeout=slice_of(end), return_when=FIRST_EXCEPTION)
-            for future in done:
-                key = futures[future]
-                exc = future.exception()
-                if exc is None:
-                    out.results[key] = future.result()
-                elif isinstance(exc, ClusterrunError):
-                    out.errors[key] = exc
-                else:
-                    raise exc
-            if end is not None and time.monotonic() >= end:
-                for future in pending:
-                    out.errors[futures[future]] = CommandTimeout(futures[future],
-                                                                 f"{label}: no answer within {deadline:g}s")
-                break
+        with ctrl_c_whole():  # the threads' starts and the waits: Ctrl-C comes out whole (clusterrun.waits)
+            futures = {pool.submit(fn, n): name(n) for n in nodes}
+            end = None if deadline is None else time.monotonic() + deadline
+            pending = set(futures)
+            while pending:  # in slices: a Ctrl-C that the kernel gave another thread is seen (clusterrun.waits)
+                done, pending = wait(pending, timeout=slice_of(end), return_when=FIRST_EXCEPTION)
+                for future in done:
+                    key = futures[future]
+                    exc = future.exception()
+                    if exc is None:
+                        out.results[key] = future.result()
+                    elif isinstance(exc, ClusterrunError):
+                        out.errors[key] = exc
+                    else:
+                        raise exc
+                if end is not None and time.monotonic() >= end:
+                    for future in pending:
+                        out.errors[futures[future]] = CommandTimeout(futures[future],
+                                                                     f"{label}: no answer within {deadline:g}s")
+                    break
         interrupted = False
     finally:
         pool.shutdown(wait=deadline is None and not interrupted, cancel_futures=True)
