@@ -6,10 +6,11 @@ thread that is connecting to a node which drops every packet, a main thread wait
 would not stop until the connect gave up (minutes, with a long ``connect_timeout``). So every wait on a node
 that the main thread makes goes in slices of at most :data:`WAKE_S` seconds.
 
-Each of those waits also goes in :func:`ctrl_c_whole`, and so do the fan-out to the nodes, ``up``'s start and the
-command line as a whole: a Ctrl-C that lands inside a lock-based wait (a queue's ``get``, an event's or a future's
-wait, a thread's start) just after the wait released its lock leaves the ``with`` around it to release the lock
-again, and the KeyboardInterrupt comes out as ``RuntimeError: release unlocked lock``.
+A Ctrl-C that lands inside a lock-based wait (a queue's ``get``, an event's or a future's wait, a thread's start)
+just after the wait released its lock leaves the ``with`` around it to release the lock again, and the
+KeyboardInterrupt comes out as ``RuntimeError: release unlocked lock``. :func:`ctrl_c_whole` turns it back where
+a Ctrl-C is handled: the waits here, the fan-out to the nodes, ``up``'s start and a restart's (the record says
+``interrupted``), and the command line as a whole (exit 130). (A running job's supervisor takes SIGINT itself.)
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from collections.abc import Collection, Iterator
 from clusterrun.agents.link import AgentLink
 from clusterrun.remote import relay
 from clusterrun.transport.base import Stream
-from clusterrun.waits import ctrl_c_whole
 
 #: Bytes read from an agent's connection at a time.
 CHUNK = 1 << 16
@@ -110,8 +109,7 @@ class Listener:
         got: dict[str, AgentLink] = {}
         while len(got) < len(self.nodes):
             try:
-                with ctrl_c_whole():
-                    node, conn = self._links.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+                node, conn = self._links.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     break

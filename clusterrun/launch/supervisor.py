@@ -41,7 +41,6 @@ from clusterrun.runs.record import Failure, NodeRecord, RankRecord, RankState, R
 from clusterrun.runs.series import SeriesWriter
 from clusterrun.runs.timeline import Timeline
 from clusterrun.runs.traffic import WrongNicJudge, run_energy
-from clusterrun.waits import queue_get
 
 #: Events handled in one turn of the loop at most, before its work over every node (ticks, silence, heartbeats).
 EVENTS_PER_TURN = 256
@@ -281,7 +280,7 @@ class Supervisor:
         last_turn = started
         while len(self._ended) < len(self._streams):
             try:
-                name, item = queue_get(self._events, 0.1)  # Ctrl-C whole (clusterrun.waits)
+                name, item = self._events.get(timeout=0.1)
                 self._handle(name, item)
                 for _ in range(EVENTS_PER_TURN - 1):  # what else waits, before the once-a-turn work over every node
                     name, item = self._events.get_nowait()

@@ -20,7 +20,6 @@ from clusterrun.inventory.models import Inventory
 from clusterrun.remote import protocol
 from clusterrun.remote.answers import Line, Said
 from clusterrun.transport.base import Stream, Transport
-from clusterrun.waits import ctrl_c_whole
 
 
 @dataclass
@@ -79,8 +78,7 @@ def run_everywhere(inv: Inventory, transports: Mapping[str, Transport], command:
             if stop is not None and stop.is_set():
                 break
             try:
-                with ctrl_c_whole():
-                    name, event = events.get(timeout=0.2)
+                name, event = events.get(timeout=0.2)
             except queue.Empty:
                 continue
             result = results[name]

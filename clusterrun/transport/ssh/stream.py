@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 from clusterrun.transport.base import Stream
 from clusterrun.transport.ssh.paramiko_lib import paramiko
-from clusterrun.waits import ctrl_c_whole
 
 _STDERR_KEEP = 64 * 1024
 _RECV_CHUNK = 1 << 18
@@ -71,9 +70,8 @@ class SshStream(Stream):
 
     def wait(self, timeout: float) -> int | None:
         # paramiko sets status_event when the exit status arrives or the channel closes.
-        with ctrl_c_whole():
-            if not self._channel.status_event.wait(timeout):
-                return None
+        if not self._channel.status_event.wait(timeout):
+            return None
         return self._channel.recv_exit_status()
 
     def abort(self) -> None:

@@ -42,7 +42,6 @@ from clusterrun.transport.ssh.proxy import ProxyCommand
 from clusterrun.transport.ssh.stream import SshStream
 from clusterrun.transport.ssh.target import SshTarget, resolve_target
 from clusterrun.transport.ssh.words import ssh_home
-from clusterrun.waits import ctrl_c_whole
 
 _KEEPALIVE_S = 5
 _READ_TICK_S = 1.0
@@ -316,8 +315,7 @@ class SshTransport(Transport):
                 if left <= 0:
                     raise CommandTimeout(self.node, f"{shown} did not finish within {timeout:g}s")
                 if ended:  # the output is complete; the status follows
-                    with ctrl_c_whole():
-                        channel.status_event.wait(min(left, 0.5))
+                    channel.status_event.wait(min(left, 0.5))
                 else:
                     select.select([ready], [], [], min(left, 0.5))
             code = channel.recv_exit_status()
