@@ -43,17 +43,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """
     probe = "import clusterrun, os; print(os.path.dirname(os.path.realpath(clusterrun.__file__)))"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    bound = loadscale.scaled(60)
     try:
         done = subprocess.run([sys.executable, "-c", probe], cwd="/", env=env, capture_output=True, text=True,
-                              timeout=loadscale.scaled(60), check=False)
+                              timeout=bound, check=False)
     except subprocess.TimeoutExpired:
-        pytest.exit(f"{sys.executable} -c 'import clusterrun' did not return within 60 s", returncode=4)
+        pytest.exit(f"{sys.executable} -c 'import clusterrun' did not return within {bound:.0f} s", returncode=4)
     found = done.stdout.strip() if done.returncode == 0 else None
     if found != str(ROOT / "clusterrun"):
         where = f"installed from {found}, not from this checkout ({ROOT})" if found else \
             f"not installed (this checkout: {ROOT})"
-        pytest.exit(f"clusterrun is {where}: the CLI runs and the simulated nodes would not test this "
-                    f"tree. Install it from here: cd {ROOT} && pip install -e '.[torch,test]'", returncode=4)
+        pytest.exit(f"clusterrun is {where}: the CLI runs and the simulated nodes would not test this tree. "
+                    f"Install it from here, as README.md says: cd {ROOT} && "
+                    "pip install torch==2.13.0 -e '.[torch,test]'", returncode=4)
 
 
 @pytest.fixture(scope="session")
